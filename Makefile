@@ -1,0 +1,41 @@
+# make demo: embedded mode (SQLite, in-memory channel layer, in-process executor, offline model).
+# make test: the whole suite against PostgreSQL and Redis (DATABASE_URL / REDIS_URL, default 127.0.0.1).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PORT ?= 8000
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: demo test lint bench worker tick clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(STAMP): $(PY) pyproject.toml
+	$(PY) -m pip install --quiet -e '.[dev]'
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) manage.py migrate --no-input
+	$(PY) manage.py chamvi_demo_user
+	@echo "Serving on http://127.0.0.1:$(PORT)/ (Ctrl-C to stop)"
+	$(PY) -m daphne -b 127.0.0.1 -p $(PORT) project.asgi:application
+
+test: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) manage.py makemigrations --check --dry-run --settings=tests.settings
+	$(PY) -m pytest
+
+bench: $(STAMP)
+	$(PY) bench/run.py
+
+worker: $(STAMP)
+	$(PY) manage.py rqworker chamvi
+
+tick: $(STAMP)
+	$(PY) manage.py chamvi_tick
+
+clean:
+	rm -rf $(VENV) db.sqlite3 media

@@ -1,0 +1,45 @@
+"""chamvi_runs: durable LLM tool-loop agent runs for Django."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .core.budget import Budget
+from .tools import effect_tool, tool
+
+if TYPE_CHECKING:
+    from .agent import Agent, RunContext
+    from .api import approve, cancel_run, deny, send_input, start_run
+
+__all__ = [
+    "Agent",
+    "Budget",
+    "RunContext",
+    "approve",
+    "cancel_run",
+    "deny",
+    "effect_tool",
+    "send_input",
+    "start_run",
+    "tool",
+]
+
+_LAZY = {
+    "Agent": "agent",
+    "RunContext": "agent",
+    "approve": "api",
+    "cancel_run": "api",
+    "deny": "api",
+    "send_input": "api",
+    "start_run": "api",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use: these touch Django settings and models, which must not load before
+    # the app registry is ready (``from chamvi_runs import tool`` works in any module).
+    if name in _LAZY:
+        from importlib import import_module
+
+        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,128 @@
+"""The Python API: start, steer, cancel and decide runs from any process."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from . import signals, store
+from .agent import registry
+from .broadcast import ChannelsBroadcaster
+from .conf import conf
+from .core.states import Status
+from .errors import InvalidPayload, RunNotFound
+from .executors import enqueue, enqueue_next_in_line
+from .models import Artifact, Run, RunInput, WaitPoint
+
+
+def check_payload(payload: Any, what: str = "payload") -> None:
+    """Raise InvalidPayload unless ``payload`` is JSON data within ``MAX_PAYLOAD_BYTES``."""
+    try:
+        encoded = json.dumps(payload, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidPayload(f"{what} must be JSON data: {exc}") from None
+    limit = int(conf.MAX_PAYLOAD_BYTES)
+    if len(encoded.encode()) > limit:
+        raise InvalidPayload(f"{what} is larger than {limit} bytes", too_large=True)
+
+
+def start_run(
+    agent: str,
+    payload: Any = None,
+    *,
+    source: str = "api",
+    trigger: str = "api",
+    keys: dict[str, Any] | None = None,
+    thread: str | None = None,
+    concurrency_key: str | None = None,
+    attachments: list[Artifact | str] | None = None,
+    created_by: Any = None,
+    id: str | None = None,
+) -> Run:
+    """Create a run and enqueue it after the surrounding transaction commits. Starting the same agent
+    twice with the same ``id`` (trigger envelope id) returns the first run."""
+    registry.get(agent)
+    check_payload(payload)
+    if keys is not None and not isinstance(keys, dict):
+        raise InvalidPayload("keys must be an object")
+    check_payload(keys, "keys")
+    parts = []
+    for item in attachments or []:
+        artifact = item if isinstance(item, Artifact) else Artifact.objects.filter(pk=item).first()
+        if artifact is None:
+            raise InvalidPayload(f"attachment {item} does not exist")
+        parts.append({"id": artifact.pk, "filename": artifact.filename, "media_type": artifact.media_type})
+    envelope = {
+        "id": id,
+        "source": source,
+        "trigger": trigger,
+        "payload": payload,
+        "keys": keys or {},
+        "thread": thread,
+        "receivedAt": timezone.now().isoformat(),
+        "attachments": parts,
+    }
+    with transaction.atomic():
+        run, created = store.create_run(
+            agent=agent,
+            trigger=envelope,
+            trigger_id=id,
+            concurrency_key=concurrency_key,
+            thread=thread,
+            created_by=created_by if getattr(created_by, "pk", None) else None,
+        )
+        if created:
+            enqueue(run.pk)
+    return run
+
+
+def cancel_run(run_id: str) -> str:
+    """Cancel from any process. Returns ``cancelled`` when it settled at once, ``running`` when its
+    owner will abort it within about a second, or the terminal status it already had."""
+    before = Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
+    if before is None:
+        raise RunNotFound(run_id)
+    status = store.cancel(run_id)
+    if status == Status.CANCELLED and before != Status.CANCELLED:
+        run = Run.objects.get(pk=run_id)
+        ChannelsBroadcaster(run.thread).publish(
+            run_id,
+            {
+                "type": "run.end",
+                "status": run.status,
+                "output": run.output,
+                "error": run.error,
+                "usage": {"input_tokens": run.input_tokens, "output_tokens": run.output_tokens},
+                "inputs": list(run.inputs.exclude(consumed_step=None).values_list("id", flat=True)),
+            },
+        )
+        signals.run_settled.send(Run, run=run)
+        enqueue_next_in_line(run)
+    return status
+
+
+def _decide(approval_id: str, decision: str, by: Any, reason: str, token: str | None) -> WaitPoint:
+    with transaction.atomic():
+        waitpoint = store.decide(approval_id, decision, by=by, reason=reason, token=token)
+        enqueue(waitpoint.run_id)
+    return waitpoint
+
+
+def approve(approval_id: str, *, by: Any = None, reason: str = "", token: str | None = None) -> WaitPoint:
+    """Approve once; the run is re-queued and runs the tool. Raises DecisionRefused otherwise."""
+    return _decide(approval_id, WaitPoint.Decision.APPROVED, by, reason, token)
+
+
+def deny(approval_id: str, *, by: Any = None, reason: str = "", token: str | None = None) -> WaitPoint:
+    """Deny once; the model is told so as the tool's result. Raises DecisionRefused otherwise."""
+    return _decide(approval_id, WaitPoint.Decision.DENIED, by, reason, token)
+
+
+def send_input(run_id: str, payload: Any) -> RunInput:
+    """Steer an active run: ``payload`` becomes a user message before its next model call."""
+    check_payload(payload)
+    item = store.add_input(run_id, payload)
+    return item

@@ -1,0 +1,14 @@
+from django.apps import AppConfig
+from django.utils.module_loading import autodiscover_modules
+
+
+class ChamviRunsConfig(AppConfig):
+    name = "chamvi_runs"
+    verbose_name = "Agent runs"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import checks  # noqa: F401  (registers the system checks)
+
+        # Like admin.py: every installed app's agents.py defines and registers its agents.
+        autodiscover_modules("agents")

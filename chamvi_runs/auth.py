@@ -1,0 +1,58 @@
+"""Authentication for the HTTP API: the Django session (CSRF enforced), or ``Authorization: Bearer``
+with an ApiToken (stored hashed; the raw token is shown once when a staff user creates it)."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from django.http import HttpRequest
+from django.middleware.csrf import CsrfViewMiddleware
+from django.utils import timezone
+
+from .models import ApiToken
+from .store import hash_token
+
+TOKEN_PREFIX = "chv_"
+
+
+class AuthError(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def create_token(user: Any, name: str) -> tuple[ApiToken, str]:
+    """Create an API token for ``user``; returns the row and the raw token (not stored)."""
+    raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    token = ApiToken.objects.create(user=user, name=name, prefix=raw[:10], token_hash=hash_token(raw))
+    return token, raw
+
+
+def _csrf_failure(request: HttpRequest) -> str | None:
+    middleware = CsrfViewMiddleware(lambda req: None)  # type: ignore[arg-type,return-value]
+    middleware.process_request(request)
+    response = middleware.process_view(request, lambda req: None, (), {})  # type: ignore[arg-type]
+    return None if response is None else "CSRF verification failed"
+
+
+def authenticate(request: HttpRequest) -> Any:
+    """The request's user, from a bearer token or the session. Raises AuthError (401/403)."""
+    header = request.headers.get("Authorization", "")
+    if header:
+        scheme, _, raw = header.partition(" ")
+        if scheme.lower() != "bearer" or not raw.strip():
+            raise AuthError(401, "unauthenticated", "use 'Authorization: Bearer <token>'")
+        token = ApiToken.objects.select_related("user").filter(token_hash=hash_token(raw.strip())).first()
+        if token is None or not token.user.is_active:
+            raise AuthError(401, "unauthenticated", "invalid API token")
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
+        return token.user
+    user = request.user
+    if not user.is_authenticated:
+        return user
+    if request.method not in ("GET", "HEAD", "OPTIONS") and _csrf_failure(request):
+        raise AuthError(
+            403, "csrf_failed", "CSRF verification failed: send the csrftoken cookie and X-CSRFToken"
+        )
+    return user

@@ -1,0 +1,1 @@
+"""The pure core of chamvi_runs: no Django, RQ, Channels or openai imports here."""

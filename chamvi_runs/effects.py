@@ -1,0 +1,45 @@
+"""Effect tools: the side effect runs at most once per run and tool call.
+
+The record and the tool's own Django writes share one transaction, taken with the run row locked
+under the current claim: a Django write is therefore exactly once, and a stale worker (lost lease)
+runs nothing. For calls to the outside world, ``ctx.idempotency_key`` is stable across re-executions
+of the same step so the remote API can deduplicate; see docs/effects.md for each crash point.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.db import transaction
+
+from . import store
+from .agent import RunContext
+from .errors import LeaseLostError
+from .store import Claim
+from .tools import Tool, to_jsonable
+
+logger = logging.getLogger(__name__)
+
+
+def run_effect(claim: Claim, tool: Tool, ctx: RunContext, arguments: dict[str, Any]) -> tuple[Any, str]:
+    key = ctx.idempotency_key
+    assert key is not None
+    with transaction.atomic():
+        record = store.effect_record(claim, key)
+        if record is not None:
+            return record.output, record.error
+        output: Any = None
+        error = ""
+        try:
+            # A savepoint: a raising tool rolls back its own writes, and the error is still recorded
+            # so a repeat does not run the effect again.
+            with transaction.atomic():
+                output = to_jsonable(tool.invoke(ctx, arguments))
+        except LeaseLostError:
+            raise
+        except Exception as exc:
+            logger.info("effect tool %s raised", tool.name, exc_info=True)
+            error = f"{type(exc).__name__}: {exc}"
+        store.record_effect(claim, key, tool.name, to_jsonable(arguments), output, error)
+    return output, error

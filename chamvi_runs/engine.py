@@ -1,0 +1,592 @@
+"""One execution of a run (SPEC §5): claim, load the start point, loop model -> tools -> save, settle.
+
+The engine never saves a status itself: every write goes through ``store``, fenced by the claim.
+No database transaction or row lock is held during a model call or a tool call, except the
+transaction that records an effect tool together with its Django writes (see ``effects``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+from django.db import close_old_connections
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from . import signals, store
+from .agent import Agent, RunContext, registry
+from .artifacts import ArtifactReader
+from .broadcast import ChannelsBroadcaster
+from .conf import conf
+from .core.messages import open_tool_calls, tool_result, trigger_message
+from .core.states import TERMINAL, ErrorCode, Status
+from .core.types import (
+    NO_USAGE,
+    Aborted,
+    AbortSignal,
+    Message,
+    Model,
+    ModelRequest,
+    ModelTurn,
+    ToolCall,
+    Usage,
+)
+from .effects import run_effect
+from .errors import AgentNotFound, ArtifactNotFound, LeaseLostError, ToolArgumentsError
+from .lease import LeaseKeeper
+from .models import Checkpoint, Run, Step, WaitPoint
+from .store import Claim, StepRecord
+from .tools import Tool, to_jsonable
+
+logger = logging.getLogger(__name__)
+
+CLOSED_BY = {
+    "cancel": "The run was cancelled before this tool call ran.",
+    "timeout": "The run timed out before this tool call ran.",
+    "failed": "The run failed before this tool call ran.",
+}
+
+
+def worker_identity() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}:{uuid.uuid4().hex[:8]}"
+
+
+def model() -> Model:
+    return import_string(conf.MODEL)()
+
+
+def execute(run_id: str, *, shutdown: AbortSignal | None = None, owner: str | None = None) -> str | None:
+    """Claim ``run_id`` and execute it until it settles, waits or is aborted. Returns the status the
+    execution left, or None when the run could not be claimed (a duplicate job is harmless)."""
+    close_old_connections()
+    claim = store.claim(run_id, owner or worker_identity(), float(conf.LEASE_SECONDS))
+    if claim is None:
+        return None
+    return Execution(claim, shutdown).run()
+
+
+class Settled(Exception):
+    """Internal: the execution has written its final status."""
+
+    def __init__(self, status: str) -> None:
+        self.status = status
+
+
+class Execution:
+    def __init__(self, claim: Claim, shutdown: AbortSignal | None) -> None:
+        self.claim = claim
+        self.abort = AbortSignal()
+        self.shutdown = shutdown
+        self.run_row = Run.objects.get(pk=claim.run_id)
+        self.broadcaster = ChannelsBroadcaster(self.run_row.thread)
+        self.artifacts = ArtifactReader()
+        self.invalid_streak = 0
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def run(self) -> str | None:
+        unsubscribe = self.shutdown.on_set(lambda: self.abort.set("drain")) if self.shutdown else None
+        keeper: LeaseKeeper | None = None
+        try:
+            try:
+                agent = registry.get(self.run_row.agent)
+            except AgentNotFound as exc:
+                return self.settle(Status.FAILED, error=(ErrorCode.AGENT_NOT_FOUND, str(exc)))
+            deadline = agent.budget.deadline(time.monotonic())
+            keeper = LeaseKeeper(self.claim, self.abort, deadline)
+            keeper.start()
+            self.emit("run.resume" if self.claim.resumed else "run.start", status=Status.RUNNING)
+            signals.run_started.send(
+                Run, run=self.run_row, resumed=self.claim.resumed, attempt=self.claim.attempt
+            )
+            return self.loop(agent)
+        except Settled as settled:
+            return settled.status
+        except LeaseLostError as exc:
+            logger.warning("run %s: %s", self.claim.run_id, exc)
+            signals.execution_error.send(Run, run_id=self.claim.run_id, error=exc)
+            return None
+        except Exception as exc:
+            logger.exception("run %s: execution crashed", self.claim.run_id)
+            signals.execution_error.send(Run, run_id=self.claim.run_id, error=exc)
+            try:
+                return self.settle(Status.FAILED, error=("internal_error", f"{type(exc).__name__}: {exc}"))
+            except Settled as settled:
+                return settled.status
+            except Exception:
+                # The database is unreachable: the lease expires and chamvi_tick recovers the run.
+                logger.exception("run %s: could not settle after a crash", self.claim.run_id)
+                return None
+        finally:
+            if keeper is not None:
+                keeper.stop()
+            if unsubscribe:
+                unsubscribe()
+
+    def emit(self, type_: str, **fields: Any) -> None:
+        self.broadcaster.publish(self.claim.run_id, {"type": type_, **fields})
+
+    def settle(
+        self,
+        status: Status,
+        *,
+        output: Any = None,
+        error: tuple[str, str] | None = None,
+        close: str | None = None,
+    ) -> str:
+        code, message = error or ("", "")
+        if not store.settle(
+            self.claim, status, output=output, error_code=code, error_message=message, close_history=close
+        ):
+            raise LeaseLostError(f"run {self.claim.run_id}: claim lost before settling")
+        run = Run.objects.get(pk=self.claim.run_id)
+        if status in TERMINAL:
+            self.emit(
+                "run.end",
+                status=status,
+                output=run.output,
+                error=run.error,
+                usage={"input_tokens": run.input_tokens, "output_tokens": run.output_tokens},
+                inputs=list(run.inputs.exclude(consumed_step=None).values_list("id", flat=True)),
+            )
+        signals.run_settled.send(Run, run=run)
+        from .executors import enqueue_next_in_line
+
+        enqueue_next_in_line(run)
+        raise Settled(status)
+
+    def stop_if_aborted(self) -> None:
+        reason = self.abort.reason if self.abort.is_set() else None
+        if reason is None:
+            return
+        if reason == "lease_lost":
+            raise LeaseLostError(f"run {self.claim.run_id}: lease lost")
+        if reason == "drain":
+            self.settle(Status.INTERRUPTED)
+        if reason == "timeout":
+            self.settle(
+                Status.FAILED,
+                error=(ErrorCode.TIMEOUT, "the execution ran out of time"),
+                close=CLOSED_BY["timeout"],
+            )
+        self.settle(Status.CANCELLED, close=CLOSED_BY["cancel"])
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    def start_point(self) -> tuple[list[Message], int]:
+        checkpoint = Checkpoint.objects.filter(run_id=self.claim.run_id).first()
+        if checkpoint is not None:
+            return list(checkpoint.messages), checkpoint.step_index + 1
+        trigger = self.run_row.trigger
+        history: list[Message] = []
+        if self.run_row.thread:
+            previous = (
+                Checkpoint.objects.filter(
+                    run__thread=self.run_row.thread,
+                    run__status__in=[s.value for s in TERMINAL],
+                    run__created_at__lt=self.run_row.created_at,
+                )
+                .order_by("-run__created_at")
+                .first()
+            )
+            if previous is not None:
+                history = list(previous.messages)
+        first = trigger_message(
+            trigger.get("source", "api"),
+            trigger.get("trigger", "api"),
+            trigger.get("payload"),
+            trigger.get("attachments"),
+        )
+        return [*history, first], 0
+
+    def loop(self, agent: Agent) -> str:
+        ctx = RunContext(run=self.run_row, agent=agent, abort=self.abort)
+        messages, index = self.start_point()
+        tools = agent.assemble_tools(ctx)
+        if open_tool_calls(messages):
+            messages, index = self.resume_calls(agent, ctx, tools, messages, index)
+        while True:
+            self.stop_if_aborted()
+            run = Run.objects.only("model_calls", "input_tokens", "output_tokens").get(pk=self.claim.run_id)
+            if agent.budget.steps_exhausted(run.model_calls):
+                self.fail_budget(f"max_steps={agent.budget.max_steps} model calls used")
+            if agent.budget.tokens_exhausted(run.input_tokens + run.output_tokens):
+                self.fail_budget(f"max_tokens={agent.budget.max_tokens} tokens used")
+            inputs = store.pending_inputs(self.claim.run_id)
+            for item in inputs:
+                messages.append({"role": "user", "content": _input_text(item.payload)})
+            messages, index = self.model_step(agent, ctx, tools, messages, index, [i.pk for i in inputs])
+
+    def fail_budget(self, detail: str) -> None:
+        self.settle(Status.FAILED, error=(ErrorCode.BUDGET_EXCEEDED, detail), close=CLOSED_BY["failed"])
+
+    def request(
+        self, agent: Agent, ctx: RunContext, tools: dict[str, Tool], messages: list[Message]
+    ) -> ModelRequest:
+        system = agent.render_instructions(ctx)
+        try:
+            hydrated = self.artifacts.hydrate(messages)
+        except ArtifactNotFound as exc:
+            self.settle(
+                Status.FAILED, error=(ErrorCode.ARTIFACT_NOT_FOUND, str(exc)), close=CLOSED_BY["failed"]
+            )
+        prefix: list[Message] = [{"role": "system", "content": system}] if system else []
+        return ModelRequest(
+            model=agent.model,
+            messages=prefix + hydrated,
+            tools=[t.schema() for t in tools.values()],
+            response_format=agent.response_format(),
+        )
+
+    def model_step(
+        self,
+        agent: Agent,
+        ctx: RunContext,
+        tools: dict[str, Tool],
+        messages: list[Message],
+        index: int,
+        inputs: list[str],
+    ) -> tuple[list[Message], int]:
+        request = self.request(agent, ctx, tools, messages)
+        attempt = self.claim.attempt
+        started = timezone.now()
+        self.emit("step.start", step=index, attempt=attempt)
+
+        def on_delta(kind: str, text: str) -> None:
+            self.emit("delta", step=index, attempt=attempt, kind=kind, text=text)
+            signals.run_delta.send(
+                Run, run_id=self.claim.run_id, step=index, attempt=attempt, kind=kind, text=text
+            )
+
+        try:
+            turn = model().stream(request, on_delta, self.abort)
+        except Aborted:
+            # The model call is abandoned: no step is written for it.
+            self.stop_if_aborted()
+            raise
+        finish = turn.finish_reason if turn.error is None else "error"
+        llm = StepRecord(
+            index=index,
+            kind="llm",
+            name=agent.model,
+            started_at=started,
+            input={"messages": len(request.messages), "inputs": inputs},
+            output=_turn_output(turn, finish),
+            error=turn.error or "",
+        )
+        if turn.error is not None or turn.finish_reason is None:
+            return self.fail_turn(turn, llm, messages, inputs)
+        self.emit("step.end", step=index, attempt=attempt, finish_reason=finish)
+        if turn.tool_calls:
+            messages = [*messages, turn.assistant_message()]
+            steps = [llm]
+            calls = [c.as_message_part() for c in turn.tool_calls]
+            outcome = self.answer_calls(
+                agent, ctx, tools, calls, messages, steps, llm_index=index, usage=turn.usage, inputs=inputs
+            )
+            messages, steps = outcome
+            store.save_step(
+                self.claim,
+                steps,
+                messages,
+                finish_reason=turn.finish_reason or "",
+                usage=turn.usage,
+                model_calls=1,
+                consumed_inputs=inputs,
+            )
+            signals.step_saved.send(Run, run_id=self.claim.run_id, steps=steps)
+            self.after_tools(agent, steps)
+            return messages, steps[-1].index + 1
+        messages = [*messages, turn.assistant_message()]
+        store.save_step(
+            self.claim,
+            [llm],
+            messages,
+            finish_reason=turn.finish_reason or "",
+            usage=turn.usage,
+            model_calls=1,
+            consumed_inputs=inputs,
+        )
+        signals.step_saved.send(Run, run_id=self.claim.run_id, steps=[llm])
+        if store.pending_inputs(self.claim.run_id):
+            # Input arrived while the model answered: it gets another turn to take it into account.
+            return messages, index + 1
+        try:
+            output = agent.parse_output(turn.text)
+        except ValueError as exc:
+            self.settle(Status.FAILED, error=(ErrorCode.INVALID_OUTPUT, str(exc)))
+        self.settle(Status.COMPLETED, output=output)
+        raise AssertionError("unreachable")
+
+    def fail_turn(self, turn: ModelTurn, llm: StepRecord, messages: list[Message], inputs: list[str]) -> Any:
+        # The text so far is kept; tool calls of a broken turn never run.
+        if turn.error is None:
+            llm.error = "the stream ended without a finish reason"
+            code, detail = ErrorCode.INCOMPLETE_RESPONSE, llm.error
+        else:
+            code, detail = ErrorCode.MODEL_ERROR, turn.error
+        history = [*messages, turn.assistant_message(with_tool_calls=False)]
+        store.save_step(
+            self.claim,
+            [llm],
+            history,
+            finish_reason=llm.output["finish_reason"] or "",
+            usage=turn.usage,
+            model_calls=1,
+            consumed_inputs=inputs,
+        )
+        signals.step_saved.send(Run, run_id=self.claim.run_id, steps=[llm])
+        self.emit(
+            "step.end", step=llm.index, attempt=self.claim.attempt, finish_reason=llm.output["finish_reason"]
+        )
+        self.settle(Status.FAILED, error=(code, detail))
+
+    def after_tools(self, agent: Agent, steps: list[StepRecord]) -> None:
+        tool_steps = [s for s in steps if s.kind == "tool"]
+        if tool_steps and all(s.output is None and s.error.startswith("invalid call") for s in tool_steps):
+            self.invalid_streak += 1
+        else:
+            self.invalid_streak = 0
+        if self.invalid_streak >= int(conf.MAX_INVALID_TOOL_CALLS):
+            self.settle(
+                Status.FAILED,
+                error=(
+                    ErrorCode.TOOL_LOOP,
+                    f"{self.invalid_streak} model calls in a row made only invalid tool calls",
+                ),
+            )
+
+    # --- tools -------------------------------------------------------------------------------
+
+    def resume_calls(
+        self, agent: Agent, ctx: RunContext, tools: dict[str, Tool], messages: list[Message], index: int
+    ) -> tuple[list[Message], int]:
+        """The checkpoint ends on tool calls without results: an approval was asked for."""
+        first = open_tool_calls(messages)[0]
+        waitpoint = (
+            WaitPoint.objects.filter(run_id=self.claim.run_id, tool_call_id=first["id"])
+            .order_by("-created_at")
+            .first()
+        )
+        if waitpoint is None or waitpoint.decision is None:
+            if not store.back_to_waiting(self.claim):
+                raise LeaseLostError(f"run {self.claim.run_id}: claim lost before going back to waiting")
+            raise Settled(Status.WAITING)
+        llm_index = (
+            Step.objects.filter(run_id=self.claim.run_id, kind="llm", index__lt=index)
+            .order_by("-index")
+            .values_list("index", flat=True)
+            .first()
+        ) or 0
+        steps: list[StepRecord] = []
+        messages, steps = self.answer_calls(
+            agent,
+            ctx,
+            tools,
+            open_tool_calls(messages),
+            messages,
+            steps,
+            llm_index=llm_index,
+            next_index=index,
+        )
+        if steps:
+            store.save_step(self.claim, steps, messages)
+            signals.step_saved.send(Run, run_id=self.claim.run_id, steps=steps)
+            return messages, steps[-1].index + 1
+        return messages, index
+
+    def answer_calls(
+        self,
+        agent: Agent,
+        ctx: RunContext,
+        tools: dict[str, Tool],
+        calls: list[dict[str, Any]],
+        messages: list[Message],
+        steps: list[StepRecord],
+        *,
+        llm_index: int,
+        next_index: int | None = None,
+        usage: Usage = NO_USAGE,
+        inputs: list[str] = (),  # type: ignore[assignment]
+    ) -> tuple[list[Message], list[StepRecord]]:
+        """Run each call in order, answering it in ``messages``. A call that needs approval stops
+        here: its wait point is opened (with everything so far) and the execution ends waiting."""
+        index = next_index if next_index is not None else steps[-1].index + 1
+        assistant = next(m for m in reversed(messages) if m.get("role") == "assistant")
+        positions = {c["id"]: n for n, c in enumerate(assistant.get("tool_calls") or [])}
+        decided = {
+            w.tool_call_id: w.decision
+            for w in WaitPoint.objects.filter(run_id=self.claim.run_id, decision=WaitPoint.Decision.APPROVED)
+        }
+        for call in calls:
+            name, raw = call["function"]["name"], call["function"].get("arguments") or ""
+            tool = tools.get(name)
+            started = timezone.now()
+            self.emit("tool.call", step=index, tool_call_id=call["id"], name=name, input=_loads(raw))
+            if tool is None:
+                error = f"invalid call: there is no tool named {name!r}"
+                arguments: Any = _loads(raw)
+            else:
+                try:
+                    arguments = tool.validate(raw)
+                    error = ""
+                except ToolArgumentsError as exc:
+                    arguments, error = _loads(raw), f"invalid call: {exc}"
+            if not error and tool is not None and call["id"] not in decided:
+                call_ctx = RunContext(
+                    run=self.run_row, agent=agent, abort=self.abort, step_index=index, tool_call_id=call["id"]
+                )
+                if agent.needs_approval(name, arguments, call_ctx):
+                    self.open_wait(
+                        agent,
+                        call,
+                        name,
+                        arguments,
+                        messages,
+                        [
+                            *steps,
+                            StepRecord(
+                                index=index,
+                                kind="wait",
+                                name=name,
+                                input=to_jsonable(arguments),
+                                started_at=started,
+                            ),
+                        ],
+                        usage=usage,
+                        model_calls=1 if any(s.kind == "llm" for s in steps) else 0,
+                        inputs=inputs,
+                    )
+            output: Any = None
+            if not error and tool is not None:
+                key = f"{self.claim.run_id}:{llm_index}:{positions.get(call['id'], 0)}:{name}"
+                call_ctx = RunContext(
+                    run=self.run_row,
+                    agent=agent,
+                    abort=self.abort,
+                    step_index=index,
+                    tool_call_id=call["id"],
+                    idempotency_key=key if tool.effect else None,
+                )
+                output, error = self.invoke(tool, call_ctx, arguments)
+            step = StepRecord(
+                index=index,
+                kind="tool",
+                name=name,
+                input=to_jsonable(arguments),
+                output=output,
+                error=error,
+                started_at=started,
+            )
+            steps = [*steps, step]
+            messages = [*messages, tool_result(call["id"], _result_text(output, error))]
+            if error:
+                self.emit("tool.result", step=index, tool_call_id=call["id"], name=name, error=error)
+            else:
+                self.emit("tool.result", step=index, tool_call_id=call["id"], name=name, output=output)
+            index += 1
+        return messages, steps
+
+    def invoke(self, tool: Tool, ctx: RunContext, arguments: dict[str, Any]) -> tuple[Any, str]:
+        if tool.effect:
+            return run_effect(self.claim, tool, ctx, arguments)
+        try:
+            return to_jsonable(tool.invoke(ctx, arguments)), ""
+        except LeaseLostError:
+            raise
+        except Exception as exc:
+            logger.info("tool %s raised", tool.name, exc_info=True)
+            return None, f"{type(exc).__name__}: {exc}"
+
+    def open_wait(
+        self,
+        agent: Agent,
+        call: dict[str, Any],
+        name: str,
+        arguments: dict[str, Any],
+        messages: list[Message],
+        steps: list[StepRecord],
+        *,
+        usage: Usage,
+        model_calls: int,
+        inputs: list[str],
+    ) -> None:
+        ttl = agent.approval_ttl or conf.approval_ttl
+        waitpoint = store.open_wait(
+            self.claim,
+            steps,
+            messages,
+            tool_call_id=call["id"],
+            tool_name=name,
+            tool_input=to_jsonable(arguments),
+            ttl=ttl,
+            usage=usage,
+            model_calls=model_calls,
+            consumed_inputs=inputs,
+        )
+        signals.step_saved.send(Run, run_id=self.claim.run_id, steps=steps)
+        self.emit(
+            "run.waiting",
+            approval_id=waitpoint.approval_id,
+            tool_name=name,
+            input=waitpoint.input,
+            expires_at=waitpoint.expires_at.isoformat(),
+        )
+        run = Run.objects.get(pk=self.claim.run_id)
+        signals.run_waiting.send(Run, run=run, waitpoint=waitpoint)
+        notify(agent, run, waitpoint)
+        raise Settled(Status.WAITING)
+
+
+def notify(agent: Agent, run: Run, waitpoint: WaitPoint) -> bool:
+    """Call the agent's notifier; ``notified_at`` is set once it returns. Raising = not notified yet."""
+    if agent.notifier is None:
+        return store.mark_notified(waitpoint)
+    try:
+        agent.notifier(run, waitpoint)
+    except Exception:
+        logger.warning("notifier of agent %s failed for %s", agent.name, waitpoint.approval_id, exc_info=True)
+        return False
+    return store.mark_notified(waitpoint)
+
+
+def _turn_output(turn: ModelTurn, finish: str | None) -> dict[str, Any]:
+    return {
+        "text": turn.text,
+        "reasoning": turn.reasoning,
+        "tool_calls": [c.as_message_part() for c in turn.tool_calls],
+        "finish_reason": finish,
+        "usage": {"input_tokens": turn.usage.input_tokens, "output_tokens": turn.usage.output_tokens},
+    }
+
+
+def _loads(raw: str) -> Any:
+    import json
+
+    try:
+        return json.loads(raw) if raw else {}
+    except json.JSONDecodeError:
+        return raw
+
+
+def _result_text(output: Any, error: str) -> str:
+    import json
+
+    if error:
+        return f"Error: {error}"
+    return output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
+
+
+def _input_text(payload: Any) -> str:
+    import json
+
+    return payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+
+
+__all__ = ["Execution", "ToolCall", "execute", "notify", "worker_identity"]

@@ -1,0 +1,43 @@
+"""Exceptions of chamvi_runs."""
+
+from __future__ import annotations
+
+
+class ChamviError(Exception):
+    """Base class of every chamvi_runs error."""
+
+
+class AgentNotFound(ChamviError, LookupError):
+    pass
+
+
+class RunNotFound(ChamviError, LookupError):
+    pass
+
+
+class InvalidPayload(ChamviError, ValueError):
+    """A trigger payload or steering input that cannot be stored (not JSON, too large)."""
+
+    def __init__(self, message: str, *, too_large: bool = False) -> None:
+        super().__init__(message)
+        self.too_large = too_large
+
+
+class LeaseLostError(ChamviError):
+    """The execution no longer holds the run's claim: it stops and writes nothing more."""
+
+
+class ToolArgumentsError(ChamviError, ValueError):
+    """The model's arguments for a tool failed validation; the model sees the message."""
+
+
+class ArtifactNotFound(ChamviError):
+    pass
+
+
+class DecisionRefused(ChamviError):
+    """An approval was already decided, expired, or is unknown."""
+
+    def __init__(self, message: str, *, code: str) -> None:
+        super().__init__(message)
+        self.code = code

@@ -1,0 +1,115 @@
+"""Where runs execute: RQ workers (``EXECUTOR = "rq"``) or threads of this process (``"thread"``,
+the embedded demo). Both enqueue after the surrounding transaction commits and both call
+``engine.execute`` with the run id only."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import TYPE_CHECKING
+
+from django.db import close_old_connections, connection, transaction
+
+from .conf import conf
+from .core.types import AbortSignal
+
+if TYPE_CHECKING:
+    from .models import Run
+
+logger = logging.getLogger(__name__)
+
+
+def enqueue(run_id: str) -> None:
+    """Ring the doorbell for ``run_id`` once the current transaction (if any) commits."""
+    transaction.on_commit(lambda: _enqueue_now(run_id), robust=True)
+
+
+def _enqueue_now(run_id: str) -> None:
+    if conf.EXECUTOR == "thread":
+        thread_executor().submit(run_id)
+        return
+    import django_rq
+    from rq.serializers import JSONSerializer
+
+    django_rq.get_queue(conf.QUEUE, serializer=JSONSerializer).enqueue(
+        "chamvi_runs.jobs.execute_run",
+        run_id,
+        # One job is one execution, which may stream for long; the lease, not RQ, bounds it.
+        job_timeout=-1,
+        result_ttl=600,
+        failure_ttl=86400,
+    )
+
+
+def enqueue_next_in_line(run: Run) -> None:
+    from . import store
+
+    for run_id in store.next_in_line(run):
+        enqueue(run_id)
+
+
+class ThreadExecutor:
+    """A few daemon threads executing runs of this process (embedded mode)."""
+
+    def __init__(self, size: int = 4) -> None:
+        self.queue: queue.Queue[str] = queue.Queue()
+        self.shutdown = AbortSignal()
+        self.threads = [
+            threading.Thread(target=self._work, name=f"chamvi-exec-{n}", daemon=True) for n in range(size)
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def submit(self, run_id: str) -> None:
+        self.queue.put(run_id)
+
+    def _work(self) -> None:
+        from . import engine
+
+        while True:
+            run_id = self.queue.get()
+            try:
+                close_old_connections()
+                engine.execute(run_id, shutdown=self.shutdown)
+            except Exception:
+                logger.exception("run %s: execution failed", run_id)
+            finally:
+                connection.close()
+                self.queue.task_done()
+
+
+_executor: ThreadExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+def thread_executor() -> ThreadExecutor:
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadExecutor()
+        return _executor
+
+
+def start_embedded(interval: float = 2.0) -> None:
+    """Embedded mode (``EXECUTOR = "thread"``): start the executor threads and a janitor thread in
+    this process, so a single daphne process serves, executes and recovers. No-op with RQ."""
+    if conf.EXECUTOR != "thread":
+        return
+    thread_executor()
+
+    def loop() -> None:
+        import time
+
+        from .janitor import tick_once
+
+        while True:
+            try:
+                tick_once()
+            except Exception:
+                logger.exception("embedded janitor tick failed")
+            finally:
+                connection.close()
+            time.sleep(interval)
+
+    threading.Thread(target=loop, name="chamvi-janitor", daemon=True).start()

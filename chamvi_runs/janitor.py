@@ -1,0 +1,82 @@
+"""The periodic janitor behind ``manage.py chamvi_tick``. Safe to run in several processes at once:
+every action is a conditional write or a duplicate doorbell, both harmless when repeated."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from . import store
+from .agent import registry
+from .broadcast import ChannelsBroadcaster
+from .conf import conf
+from .errors import AgentNotFound, DecisionRefused
+from .executors import enqueue
+from .models import Run, WaitPoint
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TickReport:
+    enqueued: int = 0
+    expired: int = 0
+    notified: int = 0
+
+
+def tick_once() -> TickReport:
+    report = TickReport()
+    # The database is the truth; the queue is only a doorbell that may have been lost.
+    for run_id in store.runs_to_enqueue(stale_after_seconds=float(conf.LEASE_SECONDS)):
+        enqueue(run_id)
+        report.enqueued += 1
+    for waitpoint in store.expired_waitpoints():
+        if _expire(waitpoint):
+            report.expired += 1
+    for waitpoint in store.unnotified_waitpoints():
+        if _renotify(waitpoint):
+            report.notified += 1
+    return report
+
+
+def _expire(waitpoint: WaitPoint) -> bool:
+    try:
+        agent = registry.get(waitpoint.run.agent)
+        fail = agent.on_approval_expired == "fail"
+    except AgentNotFound:
+        fail = False
+    if fail:
+        if not store.fail_expired_wait(waitpoint.approval_id):
+            return False
+        run = Run.objects.get(pk=waitpoint.run_id)
+        ChannelsBroadcaster(run.thread).publish(
+            run.pk,
+            {
+                "type": "run.end",
+                "status": run.status,
+                "output": None,
+                "error": run.error,
+                "usage": {"input_tokens": run.input_tokens, "output_tokens": run.output_tokens},
+                "inputs": [],
+            },
+        )
+        return True
+    try:
+        store.decide(waitpoint.approval_id, WaitPoint.Decision.EXPIRED, reason="no decision before expiry")
+    except DecisionRefused:
+        return False
+    enqueue(waitpoint.run_id)
+    return True
+
+
+def _renotify(waitpoint: WaitPoint) -> bool:
+    from .engine import notify
+
+    try:
+        agent = registry.get(waitpoint.run.agent)
+    except AgentNotFound:
+        return False
+    if agent.notifier is None:
+        return store.mark_notified(waitpoint)
+    waitpoint.token = store.reissue_token(waitpoint)
+    return notify(agent, waitpoint.run, waitpoint)

@@ -1,0 +1,16 @@
+from django.urls import path
+
+from . import views_api, views_pages
+
+app_name = "chamvi_runs"
+
+urlpatterns = [
+    path("api/runs/", views_api.runs, name="api-runs"),
+    path("api/runs/<str:run_id>/", views_api.run_detail, name="api-run"),
+    path("api/runs/<str:run_id>/cancel/", views_api.run_cancel, name="api-run-cancel"),
+    path("api/runs/<str:run_id>/input/", views_api.run_input, name="api-run-input"),
+    path("api/approvals/<str:approval_id>/approve/", views_api.approval_approve, name="api-approve"),
+    path("api/approvals/<str:approval_id>/deny/", views_api.approval_deny, name="api-deny"),
+    path("approvals/", views_pages.approvals, name="approvals"),
+    path("runs/<str:run_id>/", views_pages.run_page, name="run"),
+]

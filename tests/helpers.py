@@ -1,0 +1,29 @@
+"""Shared test helpers."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from chamvi_runs import engine
+from chamvi_runs.broadcast import event_log
+from chamvi_runs.models import Run
+
+
+def execute(run: Run | str) -> Run:
+    """Execute the run in this process (as a worker would) and return it fresh."""
+    run_id = run if isinstance(run, str) else run.pk
+    engine.execute(run_id)
+    return Run.objects.get(pk=run_id)
+
+
+def events(run: Run | str) -> list[dict[str, Any]]:
+    return event_log().after(run if isinstance(run, str) else run.pk, 0)
+
+
+def first_user_block(request: dict[str, Any]) -> dict[str, Any]:
+    """The JSON block of the first user message the model received."""
+    user = next(m for m in request["messages"] if m["role"] == "user")
+    content = user["content"]
+    text = content[0]["text"] if isinstance(content, list) else content
+    return json.loads(text)

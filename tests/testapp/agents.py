@@ -1,0 +1,83 @@
+"""Agents of the test suite. Each uses its own model name, which selects its script in the scripted
+server, so tests stay independent. Worker subprocesses import these too."""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+
+import pydantic
+
+from chamvi_runs import Agent, Budget, effect_tool, tool
+
+from .models import Refund
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@tool
+def explode(reason: str) -> str:
+    """Always raises."""
+    raise RuntimeError(f"exploded: {reason}")
+
+
+@tool
+def slow(seconds: float) -> str:
+    """Sleep, then answer."""
+    time.sleep(seconds)
+    return "slept"
+
+
+@tool
+def whoami(ctx) -> dict:
+    """The run's trigger keys."""
+    return {"keys": ctx.run.trigger["keys"], "thread": ctx.run.trigger["thread"]}
+
+
+@effect_tool
+def refund(ctx, order_id: str, amount_cents: int) -> dict:
+    """Refund an order (writes a Refund row)."""
+    Refund.objects.create(order_id=order_id, amount_cents=amount_cents, idempotency_key=ctx.idempotency_key)
+    sink = os.environ.get("CHAMVI_EFFECT_SINK")
+    if sink:
+        with open(sink, "a") as handle:
+            handle.write(ctx.idempotency_key + "\n")
+    return {"refunded": amount_cents, "key": ctx.idempotency_key}
+
+
+class Verdict(pydantic.BaseModel):
+    label: str
+    score: float
+
+
+def _agent(name: str, **kwargs) -> Agent:
+    return Agent(name=name, model=f"m-{name}", instructions=f"You are {name}.", **kwargs)
+
+
+TOOLS = [add, explode, slow, whoami, refund]
+
+basic = _agent("basic", tools=TOOLS)
+structured = _agent("structured", output=Verdict)
+schema_dict = _agent(
+    "schema_dict",
+    output={"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]},
+)
+limited = _agent("limited", tools=TOOLS, budget=Budget(max_steps=2))
+token_limited = _agent("token_limited", tools=TOOLS, budget=Budget(max_tokens=50))
+timed = _agent("timed", tools=TOOLS, budget=Budget(timeout_ms=1500))
+approving = _agent("approving", tools=TOOLS, approvals={"refund": True}, approval_ttl=timedelta(minutes=5))
+expiring_fail = _agent("expiring_fail", tools=TOOLS, approvals={"refund": True}, on_approval_expired="fail")
+conditional = _agent(
+    "conditional", tools=TOOLS, approvals={"refund": lambda args, ctx: args["amount_cents"] > 1000}
+)
+factory = Agent(
+    name="factory",
+    model="m-factory",
+    instructions=lambda ctx: f"Run {ctx.run.pk} for {ctx.run.trigger['payload']}",
+    tools=lambda ctx: [add] if ctx.run.trigger["keys"].get("math") else [whoami],
+)
