@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -51,6 +53,10 @@ class Agent:
     ) -> None:
         if not name or not isinstance(name, str):
             raise ImproperlyConfigured("Agent name must be a non-empty string")
+        if not model or not isinstance(model, str):
+            raise ImproperlyConfigured(f"Agent {name}: model must be a non-empty string")
+        if not (isinstance(instructions, str) or callable(instructions)):
+            raise ImproperlyConfigured(f"Agent {name}: instructions must be a string or callable(ctx)")
         if on_approval_expired not in ("deny", "fail"):
             raise ImproperlyConfigured(f"Agent {name}: on_approval_expired must be 'deny' or 'fail'")
         if output is not None and not (
@@ -59,15 +65,45 @@ class Agent:
             raise ImproperlyConfigured(
                 f"Agent {name}: output must be None, a pydantic model or a JSON schema"
             )
+        if budget is not None and not isinstance(budget, Budget):
+            raise ImproperlyConfigured(f"Agent {name}: budget must be a Budget, not {budget!r}")
+        if isinstance(approval_ttl, int | float) and not isinstance(approval_ttl, bool):
+            approval_ttl = timedelta(seconds=approval_ttl)
+        if approval_ttl is not None and not (
+            isinstance(approval_ttl, timedelta) and approval_ttl > timedelta(0)
+        ):
+            raise ImproperlyConfigured(
+                f"Agent {name}: approval_ttl must be a positive timedelta or number of seconds"
+            )
+        if notifier is not None and not callable(notifier):
+            raise ImproperlyConfigured(f"Agent {name}: notifier must be callable(run, waitpoint)")
         if not callable(tools):
+            if isinstance(tools, str | bytes) or not isinstance(tools, Iterable):
+                raise ImproperlyConfigured(f"Agent {name}: tools must be a list of tools or callable(ctx)")
+            tools = tuple(tools)  # a generator would be empty after this check
+            seen: set[str] = set()
             for t in tools:
                 if not isinstance(t, Tool):
                     raise ImproperlyConfigured(f"Agent {name}: {t!r} is not a @tool or @effect_tool")
+                if t.name in seen:
+                    raise ImproperlyConfigured(f"Agent {name}: two tools are named {t.name!r}")
+                seen.add(t.name)
+        approvals = dict(approvals or {})
+        for tool_name, rule in approvals.items():
+            if not (isinstance(rule, bool) or callable(rule)):
+                raise ImproperlyConfigured(
+                    f"Agent {name}: approvals[{tool_name!r}] must be a bool or callable(input, ctx)"
+                )
+            # A misspelt name would silently run the tool without approval.
+            if not callable(tools) and tool_name not in {t.name for t in tools}:
+                raise ImproperlyConfigured(
+                    f"Agent {name}: approvals names {tool_name!r}, which is not one of its tools"
+                )
         self.name = name
         self.model = model
         self.instructions = instructions
         self.tools = tools
-        self.approvals = dict(approvals or {})
+        self.approvals = approvals
         self.approval_ttl = approval_ttl
         self.budget = budget or Budget()
         self.output = output
@@ -93,25 +129,25 @@ class Agent:
         if self.output is None:
             return None
         if isinstance(self.output, dict):
-            schema, name = self.output, self.output.get("title", "output")
+            schema, name = self.output, self.output.get("title") or "output"
         else:
             schema, name = self.output.model_json_schema(), self.output.__name__
-        return {"type": "json_schema", "json_schema": {"name": str(name)[:64], "schema": schema}}
+        # The API wants the name to match ^[a-zA-Z0-9_-]{1,64}$; a schema title may hold spaces.
+        name = re.sub(r"[^a-zA-Z0-9_-]", "_", str(name))[:64] or "output"
+        return {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
 
     def parse_output(self, text: str) -> Any:
         """The final answer as stored in ``Run.output``; raises ValueError when it does not fit."""
         if self.output is None:
             return text
         if isinstance(self.output, dict):
-            import json
-
             try:
                 value = json.loads(text)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"output is not JSON: {exc}") from None
             expected = self.output.get("type")
-            if expected == "object" and not isinstance(value, dict):
-                raise ValueError("output must be a JSON object")
+            if isinstance(expected, str) and expected in _JSON_TYPES and not _JSON_TYPES[expected](value):
+                raise ValueError(f"output must be a JSON {expected}")
             missing = [
                 k for k in self.output.get("required", []) if not isinstance(value, dict) or k not in value
             ]
@@ -121,9 +157,22 @@ class Agent:
         try:
             return self.output.model_validate_json(text).model_dump(mode="json")
         except pydantic.ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
             raise ValueError(
-                f"output does not match {self.output.__name__}: {exc.errors()[0]['msg']}"
+                f"output does not match {self.output.__name__}: {where + ': ' if where else ''}{first['msg']}"
             ) from None
+
+
+_JSON_TYPES: dict[str, Callable[[Any], bool]] = {
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "string": lambda v: isinstance(v, str),
+    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+}
 
 
 class AgentRegistry:

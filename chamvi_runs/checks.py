@@ -1,4 +1,28 @@
-"""System checks for ``settings.CHAMVI_RUNS``: a wrong value is an error naming the key."""
+"""System checks for ``settings.CHAMVI_RUNS``: a wrong value is an error naming the key.
+
+=========  ==================================================================
+id         problem
+=========  ==================================================================
+E001       ``CHAMVI_RUNS`` is not a dict
+E002       ``QUEUE`` is not a non-empty string
+E003       ``EXECUTOR`` is neither ``"rq"`` nor ``"thread"``
+E004       ``LEASE_SECONDS`` is not a positive number
+E005       ``HEARTBEAT_SECONDS`` is not a positive number
+E006       ``CANCEL_POLL_SECONDS`` is not a positive number
+E007       ``APPROVAL_TTL`` is not a positive timedelta or number of seconds
+E008       ``OPENAI`` is not a dict, has unknown keys, or a key has a wrong value
+E009       ``POLICY`` cannot be imported
+E010       ``STREAM_BUFFER_SECONDS`` is not a positive number
+E011       ``MAX_PAYLOAD_BYTES`` is not a positive int
+E012       ``QUEUE`` is not in ``settings.RQ_QUEUES`` (``rq`` executor)
+E013       ``MODEL`` cannot be imported
+E014       ``MODEL_BACKOFF_SECONDS`` is not a positive number
+E015       ``MAX_INVALID_TOOL_CALLS`` is not a positive int
+E016       ``HEARTBEAT_SECONDS`` is more than half of ``LEASE_SECONDS``
+W001       an unknown key in ``CHAMVI_RUNS`` (a typo?)
+W002       ``RQ['WORKER_CLASS']`` is not ``chamvi_runs.worker.Worker`` (``rq`` executor)
+=========  ==================================================================
+"""
 
 from __future__ import annotations
 
@@ -16,8 +40,9 @@ def _positive(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
 
 
-def _error(key: str, message: str, id_: str) -> Error:
-    return Error(f"CHAMVI_RUNS['{key}'] {message}", id=f"chamvi_runs.{id_}")
+def _error(key: str, message: str, id_: str, option: str | None = None) -> Error:
+    name = f"CHAMVI_RUNS['{key}']" + (f"['{option}']" if option else "")
+    return Error(f"{name} {message}", id=f"chamvi_runs.{id_}")
 
 
 @register(Tags.compatibility)
@@ -26,7 +51,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
     if not isinstance(user, dict):
         return [Error("CHAMVI_RUNS must be a dict", id="chamvi_runs.E001")]
     errors: list[Error | Warning] = []
-    for key in sorted(set(user) - set(DEFAULTS)):
+    for key in sorted(set(user) - set(DEFAULTS), key=str):
         errors.append(Warning(f"CHAMVI_RUNS['{key}'] is not a known setting", id="chamvi_runs.W001"))
     value = {**DEFAULTS, **user}
     if not isinstance(value["QUEUE"], str) or not value["QUEUE"]:
@@ -47,7 +72,14 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
         and _positive(value["HEARTBEAT_SECONDS"])
         and value["HEARTBEAT_SECONDS"] * 2 > value["LEASE_SECONDS"]
     ):
-        errors.append(_error("HEARTBEAT_SECONDS", "must be at most half of LEASE_SECONDS", "E005"))
+        errors.append(
+            _error(
+                "HEARTBEAT_SECONDS",
+                f"must be at most half of LEASE_SECONDS ({value['HEARTBEAT_SECONDS']!r} > "
+                f"{value['LEASE_SECONDS']!r} / 2), or the lease expires between two heartbeats",
+                "E016",
+            )
+        )
     ttl = value["APPROVAL_TTL"]
     if not ((isinstance(ttl, timedelta) and ttl > timedelta(0)) or _positive(ttl)):
         errors.append(_error("APPROVAL_TTL", "must be a positive timedelta or number of seconds", "E007"))
@@ -55,22 +87,29 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
     if not isinstance(openai, dict):
         errors.append(_error("OPENAI", "must be a dict", "E008"))
     else:
-        unknown = sorted(set(openai) - OPENAI_KEYS)
+        unknown = sorted(set(openai) - OPENAI_KEYS, key=str)
         if unknown:
             errors.append(
                 _error("OPENAI", f"has unknown keys {unknown}; known: {sorted(OPENAI_KEYS)}", "E008")
             )
-        if "max_retries" in openai and (
-            not isinstance(openai["max_retries"], int) or openai["max_retries"] < 0
-        ):
-            errors.append(_error("OPENAI", "['max_retries'] must be an int >= 0", "E008"))
+        for option in ("api_key", "base_url"):
+            if openai.get(option) is not None and not isinstance(openai[option], str):
+                errors.append(_error("OPENAI", "must be a string", "E008", option))
+        retries = openai.get("max_retries", 0)
+        if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+            errors.append(_error("OPENAI", f"must be an int >= 0, not {retries!r}", "E008", "max_retries"))
         if "timeout" in openai and not _positive(openai["timeout"]):
-            errors.append(_error("OPENAI", "['timeout'] must be a positive number", "E008"))
+            errors.append(
+                _error("OPENAI", f"must be a positive number, not {openai['timeout']!r}", "E008", "timeout")
+            )
     for key, id_ in (("POLICY", "E009"), ("MODEL", "E013")):
+        if not isinstance(value[key], str):
+            errors.append(_error(key, f"must be a dotted import path, not {value[key]!r}", id_))
+            continue
         try:
             import_string(value[key])
-        except (ImportError, TypeError, ValueError) as exc:
-            errors.append(_error(key, f"cannot be imported: {exc}", id_))
+        except Exception as exc:  # an import that fails in any way is this setting's error, not a crash
+            errors.append(_error(key, f"cannot be imported: {type(exc).__name__}: {exc}", id_))
     limit = value["MAX_PAYLOAD_BYTES"]
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         errors.append(_error("MAX_PAYLOAD_BYTES", "must be a positive int", "E011"))
@@ -78,12 +117,13 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
     if not isinstance(invalid, int) or isinstance(invalid, bool) or invalid < 1:
         errors.append(_error("MAX_INVALID_TOOL_CALLS", "must be a positive int", "E015"))
     if value["EXECUTOR"] == "rq" and isinstance(value["QUEUE"], str):
-        queues = getattr(settings, "RQ_QUEUES", {})
-        if value["QUEUE"] not in queues:
+        queues = getattr(settings, "RQ_QUEUES", None)
+        if not isinstance(queues, dict) or value["QUEUE"] not in queues:
             errors.append(
                 _error("QUEUE", f"names {value['QUEUE']!r}, which is not in settings.RQ_QUEUES", "E012")
             )
-        worker = getattr(settings, "RQ", {}).get("WORKER_CLASS")
+        rq_settings = getattr(settings, "RQ", None)
+        worker = rq_settings.get("WORKER_CLASS") if isinstance(rq_settings, dict) else None
         if worker != "chamvi_runs.worker.Worker":
             errors.append(
                 Warning(

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import functools
 import logging
+import queue
 import random
 import secrets
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -15,6 +18,8 @@ from .core.toolcalls import ToolCallAccumulator
 from .core.types import Aborted, AbortSignal, ModelRequest, ModelTurn, OnDelta, Usage
 
 logger = logging.getLogger(__name__)
+
+POLL = 0.1
 
 # Statuses worth another try: rate limits and server trouble. 4xx other than these are the caller's fault.
 RETRYABLE = (
@@ -69,30 +74,21 @@ class OpenAIModel:
             kwargs["tools"] = request.tools
         if request.response_format:
             kwargs["response_format"] = request.response_format
-        if abort.is_set():
-            raise Aborted(abort.reason)
-        stream = client().chat.completions.create(**kwargs)
-        # Closing the response from the aborting thread unblocks a read that waits on the network.
-        unsubscribe = abort.on_set(stream.close)
         turn = ModelTurn()
         calls = ToolCallAccumulator()
         text: list[str] = []
         reasoning: list[str] = []
         received = False
         try:
-            for chunk in stream:
+            for chunk in _pumped(kwargs, abort):
                 received = True
-                if abort.is_set():
-                    raise Aborted(abort.reason)
                 if chunk.usage is not None:
                     turn.usage = Usage(chunk.usage.prompt_tokens or 0, chunk.usage.completion_tokens or 0)
                 for choice in chunk.choices or []:
                     delta = choice.delta
                     if delta is not None:
-                        thought = getattr(delta, "reasoning_content", None) or getattr(
-                            delta, "reasoning", None
-                        )
-                        if isinstance(thought, str) and thought:
+                        thought = _reasoning_of(delta)
+                        if thought:
                             reasoning.append(thought)
                             on_delta("reasoning", thought)
                         if delta.content:
@@ -109,8 +105,6 @@ class OpenAIModel:
                     if choice.finish_reason:
                         turn.finish_reason = choice.finish_reason
         except RETRYABLE as exc:
-            if abort.is_set():
-                raise Aborted(abort.reason) from None
             if not received:
                 raise
             # Part of the answer was already streamed, so nothing is retried. A dropped connection
@@ -122,18 +116,62 @@ class OpenAIModel:
         except Aborted:
             raise
         except Exception as exc:
-            if abort.is_set():
-                raise Aborted(abort.reason) from None
             turn.error = _describe(exc)
-        finally:
-            unsubscribe()
-            stream.close()
-        if abort.is_set() and turn.finish_reason is None:
-            raise Aborted(abort.reason)
         turn.text = "".join(text)
         turn.reasoning = "".join(reasoning)
         turn.tool_calls = calls.calls(id_prefix=f"call_{secrets.token_hex(6)}_")
         return turn
+
+
+_DONE = object()
+
+
+def _pumped(kwargs: dict[str, Any], abort: AbortSignal) -> Iterator[Any]:
+    """Yield the stream's chunks, read by a helper thread, so that an abort is noticed within
+    ``POLL`` seconds even while the network read blocks (closing a socket from another thread does
+    not wake a blocked read). The abandoned reader is closed and ends with its connection."""
+    chunks: queue.Queue[Any] = queue.Queue()
+    holder: dict[str, Any] = {}
+
+    def pump() -> None:
+        try:
+            stream = client().chat.completions.create(**kwargs)
+            holder["stream"] = stream
+            for chunk in stream:
+                chunks.put(chunk)
+                if abort.is_set():
+                    break
+            chunks.put(_DONE)
+        except BaseException as exc:  # handed to the consuming thread
+            chunks.put(exc)
+        finally:
+            stream = holder.get("stream")
+            if stream is not None:
+                stream.close()
+
+    if abort.is_set():
+        raise Aborted(abort.reason)
+    threading.Thread(target=pump, name="chamvi-model-stream", daemon=True).start()
+    while True:
+        try:
+            item = chunks.get(timeout=POLL)
+        except queue.Empty:
+            if abort.is_set():
+                raise Aborted(abort.reason) from None
+            continue
+        if abort.is_set():
+            raise Aborted(abort.reason)
+        if item is _DONE:
+            return
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+
+
+def _reasoning_of(delta: Any) -> str:
+    # Not in the OpenAI schema: DeepSeek and vLLM send ``reasoning_content``, OpenRouter ``reasoning``.
+    thought = getattr(delta, "reasoning_content", None) or getattr(delta, "reasoning", None)
+    return thought if isinstance(thought, str) else ""
 
 
 def _describe(exc: BaseException) -> str:

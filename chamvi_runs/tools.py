@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, get_type_hints, overload
 
 import pydantic
+import pydantic_core
 
 from .errors import ToolArgumentsError
 
@@ -54,19 +56,32 @@ class Tool:
         return self.fn(**arguments)
 
 
+_TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
 def _build(fn: Callable[..., Any], *, name: str | None, description: str | None, effect: bool) -> Tool:
     if not callable(fn):
         raise TypeError(f"@tool needs a function, got {fn!r}")
+    tool_name = name or getattr(fn, "__name__", "")
+    if not isinstance(tool_name, str) or not _TOOL_NAME.match(tool_name):
+        # The Chat Completions API rejects every request that describes a tool with another name.
+        raise ValueError(f"tool name {tool_name!r} must be 1-64 letters, digits, '_' or '-'")
     signature = inspect.signature(fn)
-    hints = get_type_hints(fn)
+    try:
+        # include_extras keeps Annotated[..., Field(description=..., ge=...)] for pydantic.
+        hints = get_type_hints(fn, include_extras=True)
+    except NameError as exc:
+        raise TypeError(f"tool {tool_name}: cannot resolve its type hints ({exc})") from None
     params = list(signature.parameters.values())
     takes_ctx = bool(params) and params[0].name == "ctx"
     if effect and not takes_ctx:
-        raise TypeError(f"effect tool {fn.__name__} must take ctx as its first parameter")
+        raise TypeError(f"effect tool {tool_name} must take ctx as its first parameter")
     fields: dict[str, Any] = {}
     for param in params[1:] if takes_ctx else params:
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            raise TypeError(f"tool {fn.__name__}: *args and **kwargs cannot be described to a model")
+            raise TypeError(f"tool {tool_name}: *args and **kwargs cannot be described to a model")
+        if param.kind is param.POSITIONAL_ONLY:
+            raise TypeError(f"tool {tool_name}: positional-only parameter {param.name} cannot be named")
         annotation = hints.get(param.name, Any)
         default = ... if param.default is param.empty else param.default
         fields[param.name] = (annotation, default)
@@ -76,7 +91,7 @@ def _build(fn: Callable[..., Any], *, name: str | None, description: str | None,
         **fields,
     )
     return Tool(
-        name=name or fn.__name__,
+        name=tool_name,
         description=description if description is not None else inspect.cleandoc(fn.__doc__ or ""),
         fn=fn,
         args_model=args_model,
@@ -117,7 +132,11 @@ def effect_tool(
 
 
 def to_jsonable(value: Any) -> Any:
-    """A tool's return value as JSON data (pydantic models dumped, everything else through json)."""
-    if isinstance(value, pydantic.BaseModel):
-        return value.model_dump(mode="json")
-    return json.loads(json.dumps(value, default=str))
+    """A value (a tool's arguments or result) as JSON data: pydantic models dumped, also inside lists and
+    dicts, datetimes, dates, UUIDs and decimals as their ISO/str form, sets and tuples as lists, NaN and
+    infinities as null (PostgreSQL's jsonb has no such numbers), anything else as ``str()``."""
+    try:
+        data = pydantic_core.to_jsonable_python(value, fallback=str)
+    except pydantic_core.PydanticSerializationError:
+        data = value
+    return json.loads(json.dumps(data, default=str), parse_constant=lambda _constant: None)

@@ -114,7 +114,9 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
     }
-    RQ_QUEUES = {"chamvi": {"URL": REDIS_URL, "DEFAULT_TIMEOUT": -1}}
+    RQ_QUEUES = {
+        "chamvi": {"URL": REDIS_URL, "DEFAULT_TIMEOUT": -1, "SERIALIZER": "rq.serializers.JSONSerializer"}
+    }
     EXECUTOR = "rq"
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}

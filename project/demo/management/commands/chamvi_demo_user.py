@@ -10,7 +10,9 @@ class Command(BaseCommand):
     help = "Create the demo superuser 'demo' and print its password."
 
     def handle(self, *args: Any, **options: Any) -> None:
-        user, _ = get_user_model().objects.get_or_create(username="demo", defaults={"email": "demo@example.com"})
+        user, _ = get_user_model().objects.get_or_create(
+            username="demo", defaults={"email": "demo@example.com"}
+        )
         user.is_staff = user.is_superuser = True
         user.set_password("demo")
         user.save()

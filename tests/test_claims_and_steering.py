@@ -1,0 +1,275 @@
+"""Claims, leases and fencing on real PostgreSQL; cancel, input, threads and concurrency keys."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.db.models import F
+
+from chamvi_runs import cancel_run, send_input, start_run, store
+from chamvi_runs.core.messages import open_tool_calls
+from chamvi_runs.errors import LeaseLostError
+from chamvi_runs.janitor import tick_once
+from chamvi_runs.models import Checkpoint, Run, Step
+from chamvi_runs.signals import execution_error
+from chamvi_runs.store import StepRecord
+from tests.helpers import events, execute, first_user_block
+from tests.scripted_server import Reply, delay, finish, text, tool_call
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(30)]
+
+
+def _expire(run_id: str) -> None:
+    Run.objects.filter(pk=run_id).update(claim_expires_at=F("claim_expires_at") - timedelta(hours=1))
+
+
+def _in_thread(fn, *args):
+    result: dict = {}
+
+    def target():
+        try:
+            result["value"] = fn(*args)
+        except BaseException as exc:
+            result["error"] = exc
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread, result
+
+
+def test_a_locked_run_is_skipped_not_waited_for():
+    run = start_run("basic", "x")
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_lock():
+        with transaction.atomic():
+            list(Run.objects.select_for_update().filter(pk=run.pk))
+            locked.set()
+            release.wait(10)
+
+    thread, _ = _in_thread(hold_lock)
+    assert locked.wait(5)
+    started = time.monotonic()
+    assert store.claim(run.pk, "w1", 5) is None
+    assert time.monotonic() - started < 1, "skip_locked must not wait for the other transaction"
+    release.set()
+    thread.join(5)
+    assert store.claim(run.pk, "w1", 5) is not None
+
+
+def test_racing_claims_on_separate_connections_give_one_owner():
+    run = start_run("basic", "x")
+    barrier = threading.Barrier(8)
+
+    def claim(owner):
+        barrier.wait(5)
+        return store.claim(run.pk, owner, 5)
+
+    workers = [_in_thread(claim, f"w{n}") for n in range(8)]
+    for thread, _ in workers:
+        thread.join(10)
+    claims = [r["value"] for _, r in workers if r.get("value")]
+    assert len(claims) == 1 and all("error" not in r for _, r in workers)
+    assert Run.objects.get(pk=run.pk).claim_owner == claims[0].owner
+
+
+def test_lease_expiry_is_computed_by_the_database_clock():
+    run = start_run("basic", "x")
+    store.claim(run.pk, "w1", 30)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT claim_expires_at - statement_timestamp() FROM chamvi_runs_run WHERE id = %s", [run.pk]
+        )
+        remaining = cursor.fetchone()[0]
+    assert timedelta(seconds=28) < remaining <= timedelta(seconds=30)
+
+
+def test_a_stale_owner_writes_nothing_after_another_claim():
+    run = start_run("basic", "x")
+    stale = store.claim(run.pk, "frozen", 5)
+    _expire(run.pk)
+    fresh = store.claim(run.pk, "fresh", 5)
+    assert fresh.attempt == stale.attempt + 1
+    with pytest.raises(LeaseLostError):
+        store.save_step(stale, [StepRecord(index=0, kind="llm")], [{"role": "assistant", "content": "late"}])
+    assert not Step.objects.filter(run=run).exists() and not Checkpoint.objects.filter(run=run).exists()
+    assert store.settle(stale, "completed", output="late") is False
+    assert store.renew(stale, 5) is False
+    assert Run.objects.get(pk=run.pk).status == "running"
+    assert store.settle(fresh, "completed", output="ok") is True
+
+
+def test_a_live_lease_cannot_be_claimed_twice():
+    run = start_run("basic", "x")
+    assert store.claim(run.pk, "w1", 30) is not None
+    assert store.claim(run.pk, "w2", 30) is None
+
+
+def test_an_execution_that_loses_its_lease_stops_and_writes_nothing(server):
+    server.script("m-basic", [Reply(text("slow "), delay(3), text("answer"), finish("stop"))])
+    run = start_run("basic", "x")
+    errors = []
+
+    def receiver(sender, run_id, error, **kwargs):
+        errors.append(error)
+
+    execution_error.connect(receiver)
+    try:
+        thread, result = _in_thread(execute, run.pk)
+        deadline = time.monotonic() + 5
+        while not Run.objects.filter(pk=run.pk, claim_owner__isnull=False).exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        _expire(run.pk)
+        thief = store.claim(run.pk, "thief", 30)
+        assert thief is not None
+        thread.join(10)
+    finally:
+        execution_error.disconnect(receiver)
+    assert "error" not in result
+    assert [type(e) for e in errors] == [LeaseLostError]
+    fresh = Run.objects.get(pk=run.pk)
+    assert (fresh.status, fresh.claim_owner, fresh.error_code) == ("running", "thief", "")
+    assert not Step.objects.filter(run=run).exists()
+
+
+def test_the_janitor_re_enqueues_expired_claims_and_the_next_execution_resumes(server, redis):
+    server.script(
+        "m-basic",
+        [
+            Reply(tool_call("c1", "add", '{"a": 1, "b": 2}'), finish("tool_calls")),
+            Reply(text("3"), finish("stop")),
+        ],
+    )
+    run = start_run("basic", "x")
+    crashed = store.claim(run.pk, "crashed-worker", 30)
+    # The crashed execution had finished its first step before dying.
+    store.save_step(
+        crashed,
+        [StepRecord(index=0, kind="llm", output={"text": ""})],
+        [{"role": "user", "content": "x"}, {"role": "assistant", "content": "thinking"}],
+        model_calls=1,
+    )
+    redis.delete("rq:queue:chamvi")
+    assert tick_once().enqueued == 0, "a live lease is left alone"
+    _expire(run.pk)
+    assert tick_once().enqueued == 1
+    import django_rq
+
+    job_args = [job.args for job in django_rq.get_queue("chamvi").get_jobs()]
+    assert [run.pk] in job_args
+    server.clear()
+    server.script("m-basic", [Reply(text("resumed"), finish("stop"))])
+    run = execute(run)
+    assert run.status == "completed" and run.output == "resumed" and run.attempt == 2
+    assert events(run)[0]["type"] == "run.resume"
+    assert list(Step.objects.filter(run=run).values_list("index", "attempt")) == [(0, 1), (1, 2)]
+
+
+def test_cancel_of_a_queued_run_settles_at_once():
+    run = start_run("basic", "x")
+    assert cancel_run(run.pk) == "cancelled"
+    run.refresh_from_db()
+    assert run.status == "cancelled" and run.finished_at is not None
+    assert events(run)[-1]["type"] == "run.end" and events(run)[-1]["status"] == "cancelled"
+    assert execute(run).status == "cancelled", "a job for a cancelled run does nothing"
+
+
+def test_cancel_of_a_running_run_aborts_the_model_call_within_a_second(server):
+    server.script("m-basic", [Reply(text("long "), delay(10), text("story"), finish("stop"))])
+    run = start_run("basic", "x")
+    thread, _result = _in_thread(execute, run.pk)
+    deadline = time.monotonic() + 5
+    while not Step.objects.filter(run=run).exists() and not any(e["type"] == "delta" for e in events(run)):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    asked = time.monotonic()
+    assert cancel_run(run.pk) == "running"
+    thread.join(10)
+    took = time.monotonic() - asked
+    assert took < 2.0, f"cancel took {took:.2f}s"
+    run.refresh_from_db()
+    assert run.status == "cancelled" and run.claim_owner is None
+    assert events(run)[-1]["status"] == "cancelled"
+
+
+def test_cancel_after_tool_calls_leaves_a_continuable_history(server):
+    server.script(
+        "m-approving",
+        [Reply(tool_call("c1", "refund", '{"order_id": "o", "amount_cents": 1}'), finish("tool_calls"))],
+    )
+    run = execute(start_run("approving", "x"))
+    assert run.status == "waiting"
+    assert cancel_run(run.pk) == "cancelled"
+    messages = Checkpoint.objects.get(run=run).messages
+    assert not open_tool_calls(messages)
+    assert "cancelled" in messages[-1]["content"]
+
+
+def test_send_input_is_taken_before_the_next_model_call_and_listed_in_the_receipt(server):
+    server.script(
+        "m-basic",
+        [
+            Reply(tool_call("c1", "add", '{"a": 1, "b": 1}'), finish("tool_calls")),
+            Reply(text("2, and noted"), finish("stop")),
+        ],
+    )
+    run = start_run("basic", "x")
+    item = send_input(run.pk, "also say hi")
+    run = execute(run)
+    assert run.status == "completed"
+    first = server.requests_for("m-basic")[0]["messages"]
+    assert first[-1] == {"role": "user", "content": "also say hi"}
+    assert events(run)[-1]["inputs"] == [item.pk]
+
+
+def test_runs_of_a_thread_continue_one_conversation(server):
+    server.script("m-basic", [Reply(text("Nice to meet you, Ada."), finish("stop"))])
+    first = execute(start_run("basic", "I am Ada", thread="t-42"))
+    server.script("m-basic", [Reply(text("You are Ada."), finish("stop"))])
+    second = execute(start_run("basic", "Who am I?", thread="t-42"))
+    assert first.status == second.status == "completed"
+    messages = server.requests_for("m-basic")[1]["messages"]
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
+    assert messages[2]["content"] == "Nice to meet you, Ada."
+    assert first_user_block({"messages": messages[3:]})["payload"] == "Who am I?"
+
+
+def test_a_thread_never_runs_two_runs_at_once(server):
+    first = start_run("basic", "one", thread="t-1")
+    second = start_run("basic", "two", thread="t-1")
+    assert store.claim(second.pk, "w", 5) is None, "the younger run waits for the elder"
+    held = store.claim(first.pk, "w", 5)
+    assert store.claim(second.pk, "w", 5) is None
+    store.settle(held, "completed", output="done")
+    assert store.next_in_line(Run.objects.get(pk=first.pk)) == [second.pk]
+    assert store.claim(second.pk, "w", 5) is not None
+
+
+def test_concurrency_key_admits_one_run_at_a_time_in_creation_order():
+    runs = [start_run("basic", n, concurrency_key="tenant-1") for n in range(6)]
+    barrier = threading.Barrier(len(runs))
+
+    def claim(run_id):
+        barrier.wait(5)
+        return store.claim(run_id, f"w-{run_id}", 5)
+
+    workers = [_in_thread(claim, r.pk) for r in reversed(runs)]
+    for thread, _ in workers:
+        thread.join(10)
+    claimed = [r["value"].run_id for _, r in workers if r.get("value")]
+    assert claimed == [runs[0].pk]
+
+
+def test_an_idempotent_trigger_id_returns_the_first_run():
+    first = start_run("basic", "x", id="evt-1")
+    again = start_run("basic", "y", id="evt-1")
+    assert again.pk == first.pk and Run.objects.count() == 1
+    other_agent = start_run("structured", "x", id="evt-1")
+    assert other_agent.pk != first.pk
