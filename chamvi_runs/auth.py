@@ -38,10 +38,11 @@ def _csrf_failure(request: HttpRequest) -> str | None:
 
 def authenticate(request: HttpRequest) -> Any:
     """The request's user, from a bearer token or the session. Raises AuthError (401/403)."""
-    header = request.headers.get("Authorization", "")
-    if header:
-        scheme, _, raw = header.partition(" ")
-        if scheme.lower() != "bearer" or not raw.strip():
+    header = request.headers.get("Authorization", "").strip()
+    scheme, _, raw = header.partition(" ")
+    # Other schemes (e.g. HTTP basic auth of a proxy in front of the site) leave the session in charge.
+    if scheme.lower() == "bearer":
+        if not raw.strip():
             raise AuthError(401, "unauthenticated", "use 'Authorization: Bearer <token>'")
         token = ApiToken.objects.select_related("user").filter(token_hash=hash_token(raw.strip())).first()
         if token is None or not token.user.is_active:

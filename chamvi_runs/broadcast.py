@@ -7,12 +7,11 @@ disposable: a failing channel layer never fails a run.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
 from typing import Any
-
-from asgiref.sync import async_to_sync
 
 from .conf import conf
 
@@ -86,26 +85,100 @@ def event_log() -> MemoryEventLog | RedisEventLog:
     return RedisEventLog(django_rq.get_connection(conf.QUEUE))
 
 
+class Publisher:
+    """Sends to the channel layer from synchronous code, in order, without blocking the caller.
+
+    One event loop serves every publish of the process: ``async_to_sync`` per event would open a
+    loop (and a Redis connection) per delta. When the process also serves websockets from an
+    in-memory layer, the server's own loop is used instead (``use_loop``), because that layer's
+    queues belong to the loop the consumers wait on.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: asyncio.Queue[tuple[str, dict[str, Any]] | None] | None = None
+
+    def use_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._lock:
+            if self._loop is None:
+                self._start_on(loop)
+
+    def _start_on(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        ready = threading.Event()
+
+        def create() -> None:
+            self._queue = asyncio.Queue()
+            loop.create_task(self._drain(self._queue))
+            ready.set()
+
+        loop.call_soon_threadsafe(create)
+        ready.wait(5)
+
+    def _ensure(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None or self._loop.is_closed():
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="chamvi-publisher", daemon=True).start()
+                self._start_on(loop)
+            assert self._loop is not None
+            return self._loop
+
+    async def _drain(self, queue: asyncio.Queue[tuple[str, dict[str, Any]] | None]) -> None:
+        from channels.layers import get_channel_layer
+
+        while True:
+            item = await queue.get()
+            if item is None:
+                return
+            group, message = item
+            try:
+                layer = get_channel_layer()
+                if layer is not None:
+                    await layer.group_send(group, message)
+            except Exception:
+                logger.warning("could not broadcast to %s", group, exc_info=True)
+
+    def send(self, group: str, message: dict[str, Any]) -> None:
+        loop = self._ensure()
+        queue = self._queue
+        assert queue is not None
+        loop.call_soon_threadsafe(queue.put_nowait, (group, message))
+
+    def flush(self, timeout: float = 5) -> None:
+        """Wait until everything sent so far has been handed to the layer (tests, shutdown)."""
+        loop = self._ensure()
+        done = threading.Event()
+        loop.call_soon_threadsafe(lambda: loop.create_task(_when_empty(self._queue, done)))
+        done.wait(timeout)
+
+
+async def _when_empty(queue: asyncio.Queue[Any] | None, done: threading.Event) -> None:
+    while queue is not None and not queue.empty():
+        await asyncio.sleep(0.005)
+    await asyncio.sleep(0.01)
+    done.set()
+
+
+publisher = Publisher()
+
+
 class ChannelsBroadcaster:
     def __init__(self, thread: str | None = None) -> None:
         self.thread = thread
         self.log = event_log()
 
     def publish(self, run_id: str, event: dict[str, Any]) -> dict[str, Any] | None:
+        """Stamp ``event`` with the next seq, buffer it for replay, and send it to the run's group
+        (and its thread's). Returns the stamped event, or None if it could not be recorded."""
         try:
             stamped = self.log.append(run_id, {**event, "run_id": run_id})
         except Exception:
             logger.exception("could not record event %s of run %s", event.get("type"), run_id)
             return None
-        try:
-            from channels.layers import get_channel_layer
-
-            layer = get_channel_layer()
-            if layer is not None:
-                message = {"type": "chamvi.event", "event": stamped}
-                async_to_sync(layer.group_send)(run_group(run_id), message)
-                if self.thread:
-                    async_to_sync(layer.group_send)(thread_group(self.thread), message)
-        except Exception:
-            logger.warning("could not broadcast event %s of run %s", event.get("type"), run_id, exc_info=True)
+        message = {"type": "chamvi.event", "event": stamped}
+        publisher.send(run_group(run_id), message)
+        if self.thread:
+            publisher.send(thread_group(self.thread), message)
         return stamped

@@ -15,7 +15,7 @@ import time
 import uuid
 from typing import Any
 
-from django.db import close_old_connections
+from django.db import InterfaceError, OperationalError, close_old_connections
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
@@ -39,6 +39,7 @@ from .core.types import (
 )
 from .effects import run_effect
 from .errors import AgentNotFound, ArtifactNotFound, LeaseLostError, ToolArgumentsError
+from .executors import enqueue, enqueue_next_in_line
 from .lease import LeaseKeeper
 from .models import Checkpoint, Run, Step, WaitPoint
 from .store import Claim, StepRecord
@@ -112,6 +113,12 @@ class Execution:
             logger.warning("run %s: %s", self.claim.run_id, exc)
             signals.execution_error.send(Run, run_id=self.claim.run_id, error=exc)
             return None
+        except (OperationalError, InterfaceError) as exc:
+            # The database went away: nothing can be written, and nothing is wrong with the run.
+            # Its lease expires and chamvi_tick hands it to a worker that can reach the database.
+            logger.warning("run %s: database unavailable (%s); left for recovery", self.claim.run_id, exc)
+            signals.execution_error.send(Run, run_id=self.claim.run_id, error=exc)
+            return None
         except Exception as exc:
             logger.exception("run %s: execution crashed", self.claim.run_id)
             signals.execution_error.send(Run, run_id=self.claim.run_id, error=exc)
@@ -156,9 +163,11 @@ class Execution:
                 inputs=list(run.inputs.exclude(consumed_step=None).values_list("id", flat=True)),
             )
         signals.run_settled.send(Run, run=run)
-        from .executors import enqueue_next_in_line
-
-        enqueue_next_in_line(run)
+        if status == Status.INTERRUPTED:
+            # Another worker resumes it from its checkpoint now, not after a lease expiry.
+            enqueue(run.pk)
+        else:
+            enqueue_next_in_line(run)
         raise Settled(status)
 
     def stop_if_aborted(self) -> None:

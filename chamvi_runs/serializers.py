@@ -30,12 +30,17 @@ def waitpoint_json(waitpoint: WaitPoint | None) -> dict[str, Any] | None:
         return None
     return {
         "approval_id": waitpoint.approval_id,
+        "run_id": waitpoint.run_id,
         "kind": waitpoint.kind,
         "tool_name": waitpoint.tool_name,
         "input": waitpoint.input,
         "expires_at": _iso(waitpoint.expires_at),
         "notified_at": _iso(waitpoint.notified_at),
         "decision": waitpoint.decision,
+        "decided_by": waitpoint.decided_by_id,
+        "decided_at": _iso(waitpoint.decided_at),
+        "reason": waitpoint.reason,
+        "created_at": _iso(waitpoint.created_at),
     }
 
 

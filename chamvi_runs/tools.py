@@ -48,7 +48,8 @@ class Tool:
                 f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}" for err in exc.errors()
             )
             raise ToolArgumentsError(f"invalid arguments for {self.name}: {details}") from None
-        return {name: getattr(parsed, name) for name in type(parsed).model_fields}
+        fields = type(parsed).model_fields
+        return {field.alias or name: getattr(parsed, name) for name, field in fields.items()}
 
     def invoke(self, ctx: Any, arguments: dict[str, Any]) -> Any:
         if self.takes_ctx:
@@ -56,14 +57,14 @@ class Tool:
         return self.fn(**arguments)
 
 
-_TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+_TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 
 def _build(fn: Callable[..., Any], *, name: str | None, description: str | None, effect: bool) -> Tool:
     if not callable(fn):
         raise TypeError(f"@tool needs a function, got {fn!r}")
     tool_name = name or getattr(fn, "__name__", "")
-    if not isinstance(tool_name, str) or not _TOOL_NAME.match(tool_name):
+    if not isinstance(tool_name, str) or not _TOOL_NAME.fullmatch(tool_name):
         # The Chat Completions API rejects every request that describes a tool with another name.
         raise ValueError(f"tool name {tool_name!r} must be 1-64 letters, digits, '_' or '-'")
     signature = inspect.signature(fn)
@@ -84,9 +85,14 @@ def _build(fn: Callable[..., Any], *, name: str | None, description: str | None,
             raise TypeError(f"tool {tool_name}: positional-only parameter {param.name} cannot be named")
         annotation = hints.get(param.name, Any)
         default = ... if param.default is param.empty else param.default
-        fields[param.name] = (annotation, default)
+        # Fields get neutral names and the parameter's name as alias: a parameter may then be called
+        # json, schema, copy, model_config or _hidden without clashing with BaseModel's own names.
+        fields[f"arg_{len(fields)}"] = (
+            annotation,
+            pydantic.Field(default, alias=param.name, title=param.name.replace("_", " ").strip().title()),
+        )
     args_model = pydantic.create_model(
-        f"{fn.__name__}_arguments",
+        f"{tool_name}_arguments",
         __config__=pydantic.ConfigDict(extra="forbid"),
         **fields,
     )

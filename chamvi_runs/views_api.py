@@ -9,8 +9,8 @@ from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http.request import RawPostDataException
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_http_methods
 
 from . import api
 from .auth import AuthError, authenticate
@@ -28,15 +28,25 @@ class ApiError(Exception):
 
 
 def error(status: int, code: str, message: str) -> JsonResponse:
-    return JsonResponse({"error": {"code": code, "message": message}}, status=status)
+    response = JsonResponse({"error": {"code": code, "message": message}}, status=status)
+    if status == 401:
+        response["WWW-Authenticate"] = 'Bearer realm="chamvi"'
+    return response
 
 
 def api_view(*methods: str) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
     def decorate(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
         @csrf_exempt  # CSRF is enforced in authenticate() for session requests, not for bearer tokens.
-        @require_http_methods(list(methods))
         @wraps(view)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if request.method not in methods:
+                response = error(
+                    405,
+                    "method_not_allowed",
+                    f"{request.method} is not allowed here; use {', '.join(methods)}",
+                )
+                response["Allow"] = ", ".join(methods)
+                return response
             try:
                 request.api_user = authenticate(request)  # type: ignore[attr-defined]
                 return view(request, *args, **kwargs)
@@ -65,14 +75,19 @@ def _body(request: HttpRequest) -> dict[str, Any]:
         raw = request.body
     except RequestDataTooBig:
         raise ApiError(413, "payload_too_large", "the request body is too large") from None
+    except RawPostDataException:
+        # A multipart form whose stream was already parsed (e.g. for its CSRF field): not JSON.
+        raise ApiError(415, "unsupported_media_type", "send the body as application/json") from None
     if len(raw) > limit:
         raise ApiError(413, "payload_too_large", f"the request body is larger than {limit} bytes")
     if not raw.strip():
         return {}
     try:
         data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
         raise ApiError(400, "invalid_json", f"the body is not JSON: {exc}") from None
+    except RecursionError:
+        raise ApiError(400, "invalid_json", "the body is nested too deeply") from None
     if not isinstance(data, dict):
         raise ApiError(400, "invalid_body", "the body must be a JSON object")
     return data
@@ -130,6 +145,9 @@ def runs(request: HttpRequest) -> HttpResponse:
             "payload_too_large" if exc.too_large else "invalid_payload",
             str(exc),
         ) from None
+    if not policy().can_view(user, run):
+        # The trigger id is already used by a run this user may not see: do not reveal it.
+        raise ApiError(409, "duplicate_id", f"the id is already used by another run of {agent}")
     return JsonResponse(run_json(run), status=201)
 
 

@@ -34,8 +34,9 @@ class ToolCallAccumulator:
             partial.id = call_id
         if index is not None:
             self._by_index[index] = partial
-        # Names arrive whole in practice; some servers repeat them on every fragment.
-        if name and not partial.name.endswith(name):
+        # Names arrive whole in practice; some servers repeat the whole name on every fragment. Only an
+        # exact repeat is dropped: a name streamed in pieces ("ad" + "d") still assembles.
+        if name and name != partial.name:
             partial.name += name
         if arguments:
             partial.arguments.append(arguments)

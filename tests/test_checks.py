@@ -1,0 +1,184 @@
+"""System checks of ``settings.CHAMVI_RUNS``: every documented id is reachable and names its key."""
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.core.checks import Error
+from django.core.checks import Warning as CheckWarning
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+
+from chamvi_runs import checks
+from chamvi_runs.checks import check_settings
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _override(settings, **values) -> None:
+    settings.CHAMVI_RUNS = {**settings.CHAMVI_RUNS, **values}
+
+
+def _with_id(messages, id_: str) -> list:
+    return [m for m in messages if m.id == f"chamvi_runs.{id_}"]
+
+
+# (id, overrides of CHAMVI_RUNS, text the message must start with)
+CASES = [
+    ("W001", {"LEASE_SECOND": 30}, "CHAMVI_RUNS['LEASE_SECOND']"),
+    ("E002", {"QUEUE": ""}, "CHAMVI_RUNS['QUEUE']"),
+    ("E003", {"EXECUTOR": "celery"}, "CHAMVI_RUNS['EXECUTOR']"),
+    ("E004", {"LEASE_SECONDS": 0}, "CHAMVI_RUNS['LEASE_SECONDS']"),
+    ("E005", {"HEARTBEAT_SECONDS": -1}, "CHAMVI_RUNS['HEARTBEAT_SECONDS']"),
+    ("E006", {"CANCEL_POLL_SECONDS": "1"}, "CHAMVI_RUNS['CANCEL_POLL_SECONDS']"),
+    ("E007", {"APPROVAL_TTL": timedelta(0)}, "CHAMVI_RUNS['APPROVAL_TTL']"),
+    ("E008", {"OPENAI": "sk-not-a-dict"}, "CHAMVI_RUNS['OPENAI']"),
+    ("E009", {"POLICY": "chamvi_runs.policy.NoSuchPolicy"}, "CHAMVI_RUNS['POLICY']"),
+    ("E010", {"STREAM_BUFFER_SECONDS": 0}, "CHAMVI_RUNS['STREAM_BUFFER_SECONDS']"),
+    ("E011", {"MAX_PAYLOAD_BYTES": 0}, "CHAMVI_RUNS['MAX_PAYLOAD_BYTES']"),
+    ("E012", {"QUEUE": "elsewhere"}, "CHAMVI_RUNS['QUEUE']"),
+    ("E013", {"MODEL": "chamvi_runs.no_such_module.Model"}, "CHAMVI_RUNS['MODEL']"),
+    ("E014", {"MODEL_BACKOFF_SECONDS": -0.5}, "CHAMVI_RUNS['MODEL_BACKOFF_SECONDS']"),
+    ("E015", {"MAX_INVALID_TOOL_CALLS": 0}, "CHAMVI_RUNS['MAX_INVALID_TOOL_CALLS']"),
+    ("E016", {"LEASE_SECONDS": 4, "HEARTBEAT_SECONDS": 3}, "CHAMVI_RUNS['HEARTBEAT_SECONDS']"),
+]
+
+
+def test_test_settings_produce_no_messages():
+    assert check_settings() == []
+
+
+@pytest.mark.parametrize(("id_", "overrides", "prefix"), CASES, ids=[c[0] for c in CASES])
+def test_each_check_id_names_its_key(settings, id_, overrides, prefix):
+    assert check_settings() == []
+    _override(settings, **overrides)
+    found = _with_id(check_settings(), id_)
+    assert len(found) == 1, check_settings()
+    assert found[0].msg.startswith(prefix), found[0].msg
+    expected_class = CheckWarning if id_.startswith("W") else Error
+    assert type(found[0]) is expected_class
+
+
+def test_every_documented_id_has_a_case():
+    documented = set(re.findall(r"^([EW]\d{3})\s", checks.__doc__, flags=re.MULTILINE))
+    assert documented == {c[0] for c in CASES} | {"E001", "W002"}
+
+
+def test_e001_not_a_dict(settings):
+    settings.CHAMVI_RUNS = [("QUEUE", "chamvi")]
+    messages = check_settings()
+    assert [m.id for m in messages] == ["chamvi_runs.E001"]
+    assert "CHAMVI_RUNS must be a dict" in messages[0].msg
+
+
+def test_w002_worker_class(settings):
+    settings.RQ = {}
+    found = _with_id(check_settings(), "W002")
+    assert len(found) == 1
+    assert "RQ['WORKER_CLASS']" in found[0].msg
+    assert isinstance(found[0], CheckWarning)
+
+
+def test_thread_executor_needs_no_rq_queue_or_worker(settings):
+    settings.RQ = {}
+    settings.RQ_QUEUES = {}
+    _override(settings, EXECUTOR="thread")
+    assert check_settings() == []
+    _override(settings, EXECUTOR="rq")
+    assert {m.id for m in check_settings()} == {"chamvi_runs.E012", "chamvi_runs.W002"}
+
+
+def test_heartbeat_not_positive_is_e005_only(settings):
+    # Not positive and "more than half the lease" are different problems with different ids.
+    _override(settings, HEARTBEAT_SECONDS=0)
+    assert {m.id for m in check_settings()} == {"chamvi_runs.E005"}
+
+
+def test_heartbeat_exactly_half_the_lease_is_fine(settings):
+    _override(settings, LEASE_SECONDS=4, HEARTBEAT_SECONDS=2)
+    assert check_settings() == []
+    _override(settings, HEARTBEAT_SECONDS=2.5)
+    [error] = check_settings()
+    assert error.id == "chamvi_runs.E016"
+    assert "LEASE_SECONDS" in error.msg
+
+
+@pytest.mark.parametrize("value", [True, 0, -3, "30", None, float("nan")])
+def test_lease_seconds_rejects_non_positive_numbers(settings, value):
+    _override(settings, LEASE_SECONDS=value)
+    assert _with_id(check_settings(), "E004")
+
+
+@pytest.mark.parametrize("value", [timedelta(hours=1), 3600, 0.5])
+def test_approval_ttl_accepts_timedelta_and_seconds(settings, value):
+    _override(settings, APPROVAL_TTL=value)
+    assert check_settings() == []
+
+
+@pytest.mark.parametrize("value", [timedelta(seconds=-1), 0, "24h", True])
+def test_approval_ttl_rejects(settings, value):
+    _override(settings, APPROVAL_TTL=value)
+    assert _with_id(check_settings(), "E007")
+
+
+@pytest.mark.parametrize(
+    ("openai", "option"),
+    [
+        ({"api_key": "k", "organization": "x"}, "organization"),
+        ({"max_retries": -1}, "['max_retries']"),
+        ({"max_retries": True}, "['max_retries']"),
+        ({"max_retries": 1.5}, "['max_retries']"),
+        ({"timeout": 0}, "['timeout']"),
+        ({"api_key": 123}, "['api_key']"),
+        ({"base_url": ["http://x"]}, "['base_url']"),
+    ],
+)
+def test_openai_options(settings, openai, option):
+    _override(settings, OPENAI=openai)
+    [error] = check_settings()
+    assert error.id == "chamvi_runs.E008"
+    assert error.msg.startswith("CHAMVI_RUNS['OPENAI']")
+    assert option in error.msg
+
+
+def test_openai_good_options(settings):
+    _override(
+        settings,
+        OPENAI={"api_key": "k", "base_url": "http://127.0.0.1:1/v1", "timeout": 5, "max_retries": 0},
+    )
+    assert check_settings() == []
+
+
+@pytest.mark.parametrize(("key", "id_"), [("MODEL", "E013"), ("POLICY", "E009")])
+@pytest.mark.parametrize("value", [123, None, "nodots", "chamvi_runs.conf.NoSuchName"])
+def test_import_paths_never_crash_the_check(settings, key, id_, value):
+    _override(settings, **{key: value})
+    [error] = check_settings()
+    assert error.id == f"chamvi_runs.{id_}"
+    assert error.msg.startswith(f"CHAMVI_RUNS['{key}']")
+
+
+@pytest.mark.parametrize("value", [1.5, True, "256", -1])
+def test_max_payload_bytes_must_be_an_int(settings, value):
+    _override(settings, MAX_PAYLOAD_BYTES=value)
+    assert _with_id(check_settings(), "E011")
+
+
+def test_unknown_keys_of_any_type_are_warnings(settings):
+    _override(settings, **{"EXECUTER": "rq"})
+    settings.CHAMVI_RUNS = {**settings.CHAMVI_RUNS, 1: "x"}
+    messages = check_settings()
+    assert sorted(m.msg for m in messages) == [
+        "CHAMVI_RUNS['1'] is not a known setting",
+        "CHAMVI_RUNS['EXECUTER'] is not a known setting",
+    ]
+    assert all(m.id == "chamvi_runs.W001" for m in messages)
+
+
+def test_manage_py_check_fails_for_a_wrong_executor(settings):
+    call_command("check")  # the test settings pass
+    _override(settings, EXECUTOR="celery")
+    with pytest.raises(SystemCheckError) as info:
+        call_command("check")
+    assert "chamvi_runs.E003" in str(info.value)
+    assert "CHAMVI_RUNS['EXECUTOR']" in str(info.value)

@@ -1,0 +1,127 @@
+"""Runs executed by real ``manage.py rqworker chamvi`` processes through Redis: normal execution,
+drain on SIGTERM, and recovery after SIGKILL."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from django.db.models import F
+
+from chamvi_runs import start_run
+from chamvi_runs.janitor import tick_once
+from chamvi_runs.models import Run, Step
+from tests.helpers import events
+from tests.processes import WorkerProcess, wait_for, worker_env
+from tests.scripted_server import Reply, delay, finish, text, tool_call, usage
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
+
+
+@pytest.fixture
+def spawn(server) -> Iterator:
+    workers: list[WorkerProcess] = []
+
+    def start(*args: str) -> WorkerProcess:
+        worker = WorkerProcess(worker_env(server.base_url), *args)
+        workers.append(worker)
+        return worker
+
+    yield start
+    for worker in workers:
+        worker.stop()
+
+
+def _status(run_id: str) -> str:
+    return Run.objects.get(pk=run_id).status
+
+
+def test_a_worker_process_executes_a_run_from_the_queue(server, spawn):
+    server.script(
+        "m-basic",
+        [
+            Reply(
+                text("Adding."),
+                tool_call("c1", "add", '{"a": 20, "b": 22}'),
+                finish("tool_calls"),
+                usage(3, 3),
+            ),
+            Reply(text("42"), finish("stop"), usage(4, 1)),
+        ],
+    )
+    worker = spawn()
+    run = start_run("basic", {"q": "20+22"})
+    wait_for(lambda: _status(run.pk) == "completed", 30, lambda: "the run to complete\n" + worker.output())
+    run.refresh_from_db()
+    assert run.output == "42" and run.model_calls == 2 and (run.input_tokens, run.output_tokens) == (7, 4)
+    assert list(Step.objects.filter(run=run).values_list("kind", flat=True)) == ["llm", "tool", "llm"]
+    stream = events(run)
+    assert [e["seq"] for e in stream] == list(range(1, len(stream) + 1))
+    assert stream[-1]["type"] == "run.end" and stream[-1]["status"] == "completed"
+
+
+def test_sigterm_drains_to_interrupted_and_another_worker_resumes(server, spawn):
+    server.script(
+        "m-basic",
+        [
+            Reply(tool_call("c1", "add", '{"a": 1, "b": 1}'), finish("tool_calls")),
+            Reply(text("still "), delay(20), text("thinking"), finish("stop")),
+            Reply(text("resumed answer"), finish("stop")),
+        ],
+    )
+    first = spawn()
+    run = start_run("basic", "x")
+    wait_for(
+        lambda: len(server.requests_for("m-basic")) == 2,
+        30,
+        lambda: "the second model call\n" + first.output(),
+    )
+    wait_for(
+        lambda: any(e["type"] == "delta" and e["step"] == 2 for e in events(run)), 10, "a delta of step 2"
+    )
+    first.signal(signal.SIGTERM)
+    assert first.wait(15) == 0, first.output()
+    run.refresh_from_db()
+    assert run.status == "interrupted" and run.claim_owner is None
+    assert list(Step.objects.filter(run=run).values_list("index", flat=True)) == [0, 1]
+    second = spawn()
+    wait_for(
+        lambda: _status(run.pk) in ("completed", "failed"),
+        30,
+        lambda: "resume on another worker\n" + second.output(),
+    )
+    run.refresh_from_db()
+    assert run.status == "completed" and run.output == "resumed answer" and run.attempt == 2
+    assert list(Step.objects.filter(run=run).values_list("index", "attempt")) == [(0, 1), (1, 1), (2, 2)]
+
+
+def test_sigkill_mid_stream_is_recovered_by_the_janitor(server, spawn):
+    server.script(
+        "m-basic",
+        [
+            Reply(text("about to "), delay(20), text("die"), finish("stop")),
+            Reply(text("recovered"), finish("stop")),
+        ],
+    )
+    doomed = spawn()
+    run = start_run("basic", "x")
+    wait_for(
+        lambda: any(e["type"] == "delta" for e in events(run)),
+        30,
+        lambda: "the first delta\n" + doomed.output(),
+    )
+    doomed.signal(signal.SIGKILL)
+    doomed.wait(10)
+    run.refresh_from_db()
+    assert run.status == "running" and run.claim_owner is not None
+    # Time-travel the lease instead of sleeping through it.
+    Run.objects.filter(pk=run.pk).update(claim_expires_at=F("claim_expires_at") - timedelta(minutes=5))
+    assert tick_once().enqueued >= 1
+    rescuer = spawn()
+    wait_for(lambda: _status(run.pk) == "completed", 30, lambda: "recovery\n" + rescuer.output())
+    run.refresh_from_db()
+    assert run.output == "recovered" and run.attempt == 2 and run.model_calls == 1
+    attempts = sorted({e.get("attempt") for e in events(run) if e["type"] == "delta"})
+    assert attempts == [1, 2], "the retry's events carry a higher attempt"
