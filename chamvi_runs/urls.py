@@ -1,12 +1,13 @@
 from django.urls import path
 
-from . import views_api, views_pages
+from . import views_api, views_pages, views_stream
 
 app_name = "chamvi_runs"
 
 urlpatterns = [
     path("api/runs/", views_api.runs, name="api-runs"),
     path("api/runs/<str:run_id>/", views_api.run_detail, name="api-run"),
+    path("api/runs/<str:run_id>/stream/", views_stream.run_stream, name="api-run-stream"),
     path("api/runs/<str:run_id>/cancel/", views_api.run_cancel, name="api-run-cancel"),
     path("api/runs/<str:run_id>/input/", views_api.run_input, name="api-run-input"),
     path("api/approvals/<str:approval_id>/approve/", views_api.approval_approve, name="api-approve"),

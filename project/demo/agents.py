@@ -27,11 +27,9 @@ def lookup_order(order_id: str) -> dict:
 @effect_tool
 def issue_refund(ctx, order_id: str, amount_cents: int) -> dict:
     """Refund an order. Needs a human's approval."""
-    return {
-        "refund_id": f"rf_{ctx.idempotency_key[-12:]}",
-        "order_id": order_id,
-        "amount_cents": amount_cents,
-    }
+    # A real payment API would take ctx.idempotency_key as its idempotency key; here it names the refund.
+    refund_id = "rf_" + hashlib.sha256(ctx.idempotency_key.encode()).hexdigest()[:12]
+    return {"refund_id": refund_id, "order_id": order_id, "amount_cents": amount_cents}
 
 
 support = Agent(

@@ -1,0 +1,52 @@
+"""Events of a run whose replay buffer has expired, rebuilt from its stored steps.
+
+Deltas are not stored, so a step's text arrives as one ``delta`` per kind; seq still starts at 1
+and has no gaps, as for a live run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .models import Run
+
+
+def events_from_steps(run: Run) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = [{"type": "run.start", "status": "running"}]
+    for step in run.steps.all():
+        base = {"step": step.index, "attempt": step.attempt}
+        output = step.output or {}
+        if step.kind == "llm":
+            events.append({"type": "step.start", **base})
+            for kind in ("reasoning", "text"):
+                if output.get(kind):
+                    events.append({"type": "delta", **base, "kind": kind, "text": output[kind]})
+            events.append({"type": "step.end", **base, "finish_reason": output.get("finish_reason")})
+        elif step.kind == "tool":
+            call = {"step": step.index, "tool_call_id": None, "name": step.name}
+            events.append({"type": "tool.call", **call, "input": step.input})
+            result = {"error": step.error} if step.error else {"output": step.output}
+            events.append({"type": "tool.result", **call, **result})
+    waiting = run.waitpoints.filter(decision__isnull=True).first()
+    if waiting is not None and run.status == "waiting":
+        events.append(
+            {
+                "type": "run.waiting",
+                "approval_id": waiting.approval_id,
+                "tool_name": waiting.tool_name,
+                "input": waiting.input,
+                "expires_at": waiting.expires_at.isoformat() if waiting.expires_at else None,
+            }
+        )
+    if run.finished_at is not None:
+        events.append(
+            {
+                "type": "run.end",
+                "status": run.status,
+                "output": run.output,
+                "error": run.error,
+                "usage": {"input_tokens": run.input_tokens, "output_tokens": run.output_tokens},
+                "inputs": list(run.inputs.exclude(consumed_step=None).values_list("id", flat=True)),
+            }
+        )
+    return [{**event, "run_id": run.pk, "seq": n} for n, event in enumerate(events, start=1)]
