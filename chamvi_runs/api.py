@@ -88,7 +88,8 @@ def cancel_run(run_id: str) -> str:
     status = store.cancel(run_id)
     if status == Status.CANCELLED and before != Status.CANCELLED:
         run = Run.objects.get(pk=run_id)
-        ChannelsBroadcaster(run.thread).publish(
+        broadcaster = ChannelsBroadcaster(run.thread)
+        broadcaster.publish(
             run_id,
             {
                 "type": "run.end",
@@ -99,6 +100,7 @@ def cancel_run(run_id: str) -> str:
                 "inputs": list(run.inputs.exclude(consumed_step=None).values_list("id", flat=True)),
             },
         )
+        broadcaster.flush()
         signals.run_settled.send(Run, run=run)
         enqueue_next_in_line(run)
     return status

@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import queue
 import threading
+import time
 from typing import Any
 
 from .conf import conf
@@ -30,32 +32,53 @@ def thread_group(thread: str) -> str:
 
 
 class MemoryEventLog:
+    """Embedded mode's buffer: a run's events are dropped ``STREAM_BUFFER_SECONDS`` after its last
+    one, like Redis keys expire; its seq counter is kept (a few bytes) so a resumed run goes on."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._events: dict[str, list[dict[str, Any]]] = {}
+        self._seq: dict[str, int] = {}
+        self._touched: dict[str, float] = {}
 
     def append(self, run_id: str, event: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
-            events = self._events.setdefault(run_id, [])
-            event = {**event, "seq": len(events) + 1}
-            events.append(event)
+            now = time.monotonic()
+            self._prune(now)
+            seq = self._seq[run_id] = self._seq.get(run_id, 0) + 1
+            event = {**event, "seq": seq}
+            self._events.setdefault(run_id, []).append(event)
+            self._touched[run_id] = now
             return event
+
+    def _prune(self, now: float) -> None:
+        horizon = now - float(conf.STREAM_BUFFER_SECONDS)
+        for run_id in [r for r, t in self._touched.items() if t < horizon]:
+            del self._touched[run_id]
+            self._events.pop(run_id, None)
+
+    def append_many(self, items: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+        return [self.append(run_id, event) for run_id, event in items]
 
     def after(self, run_id: str, seq: int) -> list[dict[str, Any]]:
         with self._lock:
             return [e for e in self._events.get(run_id, []) if e["seq"] > seq]
 
 
+SEQ_TTL = 90 * 24 * 3600
+
+
 class RedisEventLog:
     """One Redis list per run (index = seq - 1) and a counter, both expiring after the buffer time."""
 
     # Allocate the seq and append in one server-side step, so seq order equals list order. The seq is
-    # spliced into the JSON text: cjson would turn empty lists into objects.
+    # spliced into the JSON text: cjson would turn empty lists into objects. The counter outlives the
+    # buffer (SEQ_TTL): a run that waits a day for approval must not start again at seq 1.
     SCRIPT = """
     local seq = redis.call('INCR', KEYS[1])
     local encoded = string.sub(ARGV[1], 1, -2) .. ',"seq":' .. seq .. '}'
     redis.call('RPUSH', KEYS[2], encoded)
-    redis.call('EXPIRE', KEYS[1], ARGV[2])
+    redis.call('EXPIRE', KEYS[1], ARGV[3])
     redis.call('EXPIRE', KEYS[2], ARGV[2])
     return encoded
     """
@@ -64,17 +87,22 @@ class RedisEventLog:
         self.connection = connection
         self._append = connection.register_script(self.SCRIPT)
 
-    def append(self, run_id: str, event: dict[str, Any]) -> dict[str, Any]:
-        ttl = int(conf.STREAM_BUFFER_SECONDS)
-        keys = [f"chamvi:seq:{run_id}", f"chamvi:events:{run_id}"]
-        encoded = self._append(keys=keys, args=[json.dumps(event), max(ttl, 1)])
-        return json.loads(encoded)
+    def append_many(self, items: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+        """Append a batch in one round trip (a pipeline of script calls, run in order)."""
+        ttl = max(int(conf.STREAM_BUFFER_SECONDS), 1)
+        pipe = self.connection.pipeline(transaction=False)
+        for run_id, event in items:
+            keys = [f"chamvi:seq:{run_id}", f"chamvi:events:{run_id}"]
+            self._append(keys=keys, args=[json.dumps(event), ttl, max(ttl, SEQ_TTL)], client=pipe)
+        return [json.loads(encoded) for encoded in pipe.execute()]
 
     def after(self, run_id: str, seq: int) -> list[dict[str, Any]]:
         return [json.loads(raw) for raw in self.connection.lrange(f"chamvi:events:{run_id}", seq, -1)]
 
 
 _memory_log = MemoryEventLog()
+_redis_logs: dict[str, RedisEventLog] = {}
+_logs_lock = threading.Lock()
 
 
 def event_log() -> MemoryEventLog | RedisEventLog:
@@ -82,7 +110,11 @@ def event_log() -> MemoryEventLog | RedisEventLog:
         return _memory_log
     import django_rq
 
-    return RedisEventLog(django_rq.get_connection(conf.QUEUE))
+    # One client (and connection pool) per queue and process: redis-py clients are thread-safe.
+    with _logs_lock:
+        if conf.QUEUE not in _redis_logs:
+            _redis_logs[conf.QUEUE] = RedisEventLog(django_rq.get_connection(conf.QUEUE))
+        return _redis_logs[conf.QUEUE]
 
 
 class Publisher:
@@ -98,11 +130,19 @@ class Publisher:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[tuple[str, dict[str, Any]] | None] | None = None
+        self._task: asyncio.Task[None] | None = None
 
-    def use_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+    def use_loop(self) -> None:
+        """Publish on the running loop from now on (call it from that loop: the ASGI server's)."""
+        loop = asyncio.get_running_loop()
         with self._lock:
-            if self._loop is None:
-                self._start_on(loop)
+            if self._loop is loop:
+                return
+            # Anything queued on a previous private loop is still delivered there.
+            self._loop = loop
+            self._queue = asyncio.Queue()
+            # The loop keeps only a weak reference to its tasks.
+            self._task = loop.create_task(self._drain(self._queue))
 
     def _start_on(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -110,7 +150,8 @@ class Publisher:
 
         def create() -> None:
             self._queue = asyncio.Queue()
-            loop.create_task(self._drain(self._queue))
+            # The loop keeps only a weak reference to its tasks.
+            self._task = loop.create_task(self._drain(self._queue))
             ready.set()
 
         loop.call_soon_threadsafe(create)
@@ -164,21 +205,87 @@ async def _when_empty(queue: asyncio.Queue[Any] | None, done: threading.Event) -
 publisher = Publisher()
 
 
+class EventWriter:
+    """Records events in the replay buffer and hands them to the publisher, off the caller's thread.
+
+    An execution emits an event per delta; a Redis round trip each would dominate its time. One
+    thread per process takes events in order and writes whatever has queued up in one pipeline.
+    Order is kept per process, and a run has one executing process at a time, so seq order is
+    emission order. ``flush`` waits until everything submitted so far is recorded and sent.
+    """
+
+    BATCH = 256
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def submit(
+        self, log: MemoryEventLog | RedisEventLog, run_id: str, event: dict[str, Any], groups: list[str]
+    ) -> None:
+        self._start()
+        self._queue.put((log, run_id, event, groups))
+
+    def flush(self, timeout: float = 10) -> bool:
+        self._start()
+        done = threading.Event()
+        self._queue.put(done)
+        return done.wait(timeout)
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="chamvi-events", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            batch = [self._queue.get()]
+            while len(batch) < self.BATCH:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            self._write([item for item in batch if isinstance(item, tuple)])
+            for item in batch:
+                if isinstance(item, threading.Event):
+                    item.set()
+
+    def _write(self, items: list[tuple[Any, str, dict[str, Any], list[str]]]) -> None:
+        # Consecutive items of one log go out in one batch; logs differ only when settings change.
+        start = 0
+        while start < len(items):
+            end = start
+            while end < len(items) and items[end][0] is items[start][0]:
+                end += 1
+            chunk = items[start:end]
+            try:
+                stamped = chunk[0][0].append_many([(run_id, event) for _, run_id, event, _ in chunk])
+            except Exception:
+                logger.exception("could not record %d events", len(chunk))
+                stamped = []
+            for event, (_, _, _, groups) in zip(stamped, chunk, strict=False):
+                message = {"type": "chamvi.event", "event": event}
+                for group in groups:
+                    publisher.send(group, message)
+            start = end
+
+
+writer = EventWriter()
+
+
 class ChannelsBroadcaster:
     def __init__(self, thread: str | None = None) -> None:
         self.thread = thread
         self.log = event_log()
 
-    def publish(self, run_id: str, event: dict[str, Any]) -> dict[str, Any] | None:
-        """Stamp ``event`` with the next seq, buffer it for replay, and send it to the run's group
-        (and its thread's). Returns the stamped event, or None if it could not be recorded."""
-        try:
-            stamped = self.log.append(run_id, {**event, "run_id": run_id})
-        except Exception:
-            logger.exception("could not record event %s of run %s", event.get("type"), run_id)
-            return None
-        message = {"type": "chamvi.event", "event": stamped}
-        publisher.send(run_group(run_id), message)
-        if self.thread:
-            publisher.send(thread_group(self.thread), message)
-        return stamped
+    def publish(self, run_id: str, event: dict[str, Any]) -> None:
+        """Queue ``event`` to be stamped with the run's next seq, buffered for replay, and sent to the
+        groups of the run and its thread. Never raises: events are not worth failing a run."""
+        groups = [run_group(run_id)] + ([thread_group(self.thread)] if self.thread else [])
+        writer.submit(self.log, run_id, {**event, "run_id": run_id}, groups)
+
+    def flush(self) -> None:
+        """Wait until the events published so far are in the replay buffer and with the layer."""
+        writer.flush()

@@ -135,6 +135,7 @@ class Execution:
                 keeper.stop()
             if unsubscribe:
                 unsubscribe()
+            self.broadcaster.flush()
 
     def emit(self, type_: str, **fields: Any) -> None:
         self.broadcaster.publish(self.claim.run_id, {"type": type_, **fields})

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db import close_old_connections, connection, transaction
 
@@ -29,10 +29,7 @@ def _enqueue_now(run_id: str) -> None:
     if conf.EXECUTOR == "thread":
         thread_executor().submit(run_id)
         return
-    import django_rq
-    from rq.serializers import JSONSerializer
-
-    django_rq.get_queue(conf.QUEUE, serializer=JSONSerializer).enqueue(
+    rq_queue(conf.QUEUE).enqueue(
         "chamvi_runs.jobs.execute_run",
         run_id,
         # One job is one execution, which may stream for long; the lease, not RQ, bounds it.
@@ -40,6 +37,21 @@ def _enqueue_now(run_id: str) -> None:
         result_ttl=600,
         failure_ttl=86400,
     )
+
+
+_queues: dict[str, Any] = {}
+_queues_lock = threading.Lock()
+
+
+def rq_queue(name: str) -> Any:
+    """The RQ queue, built once per process: django_rq.get_queue opens a new Redis client per call."""
+    import django_rq
+    from rq.serializers import JSONSerializer
+
+    with _queues_lock:
+        if name not in _queues:
+            _queues[name] = django_rq.get_queue(name, serializer=JSONSerializer)
+        return _queues[name]
 
 
 def enqueue_next_in_line(run: Run) -> None:

@@ -49,7 +49,8 @@ def _expire(waitpoint: WaitPoint) -> bool:
         if not store.fail_expired_wait(waitpoint.approval_id):
             return False
         run = Run.objects.get(pk=waitpoint.run_id)
-        ChannelsBroadcaster(run.thread).publish(
+        broadcaster = ChannelsBroadcaster(run.thread)
+        broadcaster.publish(
             run.pk,
             {
                 "type": "run.end",
@@ -60,6 +61,7 @@ def _expire(waitpoint: WaitPoint) -> bool:
                 "inputs": [],
             },
         )
+        broadcaster.flush()
         return True
     try:
         store.decide(waitpoint.approval_id, WaitPoint.Decision.EXPIRED, reason="no decision before expiry")

@@ -154,25 +154,24 @@ def cancel_requested(run_id: str) -> bool:
 
 
 def _write_steps(claim: Claim, steps: Iterable[StepRecord]) -> None:
+    """Inside the step's transaction: a duplicate index aborts it and LeaseLostError rolls it back."""
+    rows = [
+        Step(
+            run_id=claim.run_id,
+            index=s.index,
+            kind=s.kind,
+            name=s.name,
+            input=s.input,
+            output=s.output,
+            error=s.error,
+            attempt=claim.attempt,
+            started_at=s.started_at,
+            finished_at=s.finished_at or timezone.now(),
+        )
+        for s in steps
+    ]
     try:
-        with transaction.atomic():
-            Step.objects.bulk_create(
-                [
-                    Step(
-                        run_id=claim.run_id,
-                        index=s.index,
-                        kind=s.kind,
-                        name=s.name,
-                        input=s.input,
-                        output=s.output,
-                        error=s.error,
-                        attempt=claim.attempt,
-                        started_at=s.started_at,
-                        finished_at=s.finished_at or timezone.now(),
-                    )
-                    for s in steps
-                ]
-            )
+        Step.objects.bulk_create(rows)
     except IntegrityError:
         # A step index is recorded once; a duplicate means another execution got there first.
         raise LeaseLostError(f"run {claim.run_id}: step already recorded by another execution") from None

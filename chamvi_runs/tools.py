@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import inspect
 import json
 import re
@@ -26,6 +28,12 @@ class Tool:
     """Effect tools run their side effect at most once per run and tool call (see docs/effects.md)."""
 
     def schema(self) -> dict[str, Any]:
+        """The Chat Completions tool definition (a fresh copy: callers may change it)."""
+        return copy.deepcopy(self._schema)
+
+    @functools.cached_property
+    def _schema(self) -> dict[str, Any]:
+        # Building a JSON schema is costly and the tool never changes: once per tool, not per call.
         parameters = self.args_model.model_json_schema()
         parameters.pop("title", None)
         return {

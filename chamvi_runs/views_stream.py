@@ -17,10 +17,9 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
-from .broadcast import event_log
 from .core.states import TERMINAL
 from .models import Run
-from .replay import events_from_steps
+from .replay import replay_after
 from .views_api import ApiError, _run_for, api_view
 
 POLL_SECONDS = 0.1
@@ -45,13 +44,9 @@ def _frame(event: dict[str, Any]) -> str:
 
 
 def _read(run_id: str, after: int) -> tuple[list[dict[str, Any]], bool]:
-    """Buffered events after ``after``, and whether the run had settled before they were read."""
+    """Events after ``after``, and whether the run had settled before they were read."""
     status = Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
-    events = event_log().after(run_id, after)
-    if not events and after == 0 and status in TERMINAL:
-        run = Run.objects.get(pk=run_id)
-        events = events_from_steps(run)
-    return events, status in TERMINAL or status is None
+    return replay_after(run_id, after), status in TERMINAL or status is None
 
 
 async def _events(run_id: str, after: int) -> AsyncIterator[str]:
