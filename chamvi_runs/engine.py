@@ -438,7 +438,6 @@ class Execution:
             name, raw = call["function"]["name"], call["function"].get("arguments") or ""
             tool = tools.get(name)
             started = timezone.now()
-            self.emit("tool.call", step=index, tool_call_id=call["id"], name=name, input=_loads(raw))
             if tool is None:
                 error = f"invalid call: there is no tool named {name!r}"
                 arguments: Any = _loads(raw)
@@ -473,6 +472,8 @@ class Execution:
                         model_calls=1 if any(s.kind == "llm" for s in steps) else 0,
                         inputs=inputs,
                     )
+            # A call that waits for approval is announced by run.waiting, and by tool.call once it runs.
+            self.emit("tool.call", step=index, tool_call_id=call["id"], name=name, input=_loads(raw))
             output: Any = None
             if not error and tool is not None:
                 key = f"{self.claim.run_id}:{llm_index}:{positions.get(call['id'], 0)}:{name}"

@@ -81,6 +81,8 @@ def test_approved_tool_runs_once_and_the_run_completes(server):
     ]
     tool_result = [m for m in server.requests_for("m-approving")[1]["messages"] if m["role"] == "tool"]
     assert [m["tool_call_id"] for m in tool_result] == ["c1", "c2"]
+    announced = [e["tool_call_id"] for e in events(run) if e["type"] == "tool.call"]
+    assert announced == ["c1", "c2"], "a call is announced once, when it runs"
     with pytest.raises(DecisionRefused) as refused:
         deny(waitpoint.approval_id)
     assert refused.value.code == "already_decided"
