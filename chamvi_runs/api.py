@@ -8,13 +8,13 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from . import signals, store
+from . import store
 from .agent import registry
-from .broadcast import ChannelsBroadcaster
 from .conf import conf
 from .core.states import Status
 from .errors import InvalidPayload, RunNotFound
-from .executors import enqueue, enqueue_next_in_line
+from .executors import enqueue
+from .lifecycle import announce_settled
 from .models import Artifact, Run, RunInput, WaitPoint
 
 
@@ -87,22 +87,7 @@ def cancel_run(run_id: str) -> str:
         raise RunNotFound(run_id)
     status = store.cancel(run_id)
     if status == Status.CANCELLED and before != Status.CANCELLED:
-        run = Run.objects.get(pk=run_id)
-        broadcaster = ChannelsBroadcaster(run.thread)
-        broadcaster.publish(
-            run_id,
-            {
-                "type": "run.end",
-                "status": run.status,
-                "output": run.output,
-                "error": run.error,
-                "usage": {"input_tokens": run.input_tokens, "output_tokens": run.output_tokens},
-                "inputs": list(run.inputs.exclude(consumed_step=None).values_list("id", flat=True)),
-            },
-        )
-        broadcaster.flush()
-        signals.run_settled.send(Run, run=run)
-        enqueue_next_in_line(run)
+        announce_settled(run_id)
     return status
 
 

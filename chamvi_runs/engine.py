@@ -39,8 +39,8 @@ from .core.types import (
 )
 from .effects import run_effect
 from .errors import AgentNotFound, ArtifactNotFound, LeaseLostError, ToolArgumentsError
-from .executors import enqueue, enqueue_next_in_line
 from .lease import LeaseKeeper
+from .lifecycle import announce_settled
 from .models import Checkpoint, Run, Step, WaitPoint
 from .store import Claim, StepRecord
 from .tools import Tool, to_jsonable
@@ -153,22 +153,7 @@ class Execution:
             self.claim, status, output=output, error_code=code, error_message=message, close_history=close
         ):
             raise LeaseLostError(f"run {self.claim.run_id}: claim lost before settling")
-        run = Run.objects.get(pk=self.claim.run_id)
-        if status in TERMINAL:
-            self.emit(
-                "run.end",
-                status=status,
-                output=run.output,
-                error=run.error,
-                usage={"input_tokens": run.input_tokens, "output_tokens": run.output_tokens},
-                inputs=list(run.inputs.exclude(consumed_step=None).values_list("id", flat=True)),
-            )
-        signals.run_settled.send(Run, run=run)
-        if status == Status.INTERRUPTED:
-            # Another worker resumes it from its checkpoint now, not after a lease expiry.
-            enqueue(run.pk)
-        else:
-            enqueue_next_in_line(run)
+        announce_settled(self.claim.run_id, self.broadcaster)
         raise Settled(status)
 
     def stop_if_aborted(self) -> None:

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 from . import store
 from .agent import registry
-from .broadcast import ChannelsBroadcaster
 from .conf import conf
 from .errors import AgentNotFound, DecisionRefused
 from .executors import enqueue
-from .models import Run, WaitPoint
+from .lifecycle import announce_settled
+from .models import WaitPoint
 
 logger = logging.getLogger(__name__)
 
@@ -48,20 +48,7 @@ def _expire(waitpoint: WaitPoint) -> bool:
     if fail:
         if not store.fail_expired_wait(waitpoint.approval_id):
             return False
-        run = Run.objects.get(pk=waitpoint.run_id)
-        broadcaster = ChannelsBroadcaster(run.thread)
-        broadcaster.publish(
-            run.pk,
-            {
-                "type": "run.end",
-                "status": run.status,
-                "output": None,
-                "error": run.error,
-                "usage": {"input_tokens": run.input_tokens, "output_tokens": run.output_tokens},
-                "inputs": [],
-            },
-        )
-        broadcaster.flush()
+        announce_settled(waitpoint.run_id)
         return True
     try:
         store.decide(waitpoint.approval_id, WaitPoint.Decision.EXPIRED, reason="no decision before expiry")

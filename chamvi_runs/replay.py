@@ -11,6 +11,7 @@ from typing import Any
 from .broadcast import event_log
 from .core.states import TERMINAL
 from .models import Run
+from .serializers import run_end_event
 
 
 def replay_after(run_id: str, after: int) -> list[dict[str, Any]]:
@@ -62,14 +63,5 @@ def events_from_steps(run: Run) -> list[dict[str, Any]]:
             }
         )
     if run.finished_at is not None:
-        events.append(
-            {
-                "type": "run.end",
-                "status": run.status,
-                "output": run.output,
-                "error": run.error,
-                "usage": {"input_tokens": run.input_tokens, "output_tokens": run.output_tokens},
-                "inputs": list(run.inputs.exclude(consumed_step=None).values_list("id", flat=True)),
-            }
-        )
+        events.append(run_end_event(run))
     return [{**event, "run_id": run.pk, "seq": n} for n, event in enumerate(events, start=1)]

@@ -72,3 +72,15 @@ def run_json(run: Run, *, detail: bool = True) -> dict[str, Any]:
         data["waiting"] = waitpoint_json(run.waitpoints.filter(decision__isnull=True).first())
         data["inputs"] = list(run.inputs.exclude(consumed_step=None).values_list("id", flat=True))
     return data
+
+
+def run_end_event(run: Run) -> dict[str, Any]:
+    """The ``run.end`` event of a settled run: its final state and the receipt of inputs it took."""
+    return {
+        "type": "run.end",
+        "status": run.status,
+        "output": run.output,
+        "error": run.error,
+        "usage": {"input_tokens": run.input_tokens, "output_tokens": run.output_tokens},
+        "inputs": list(run.inputs.exclude(consumed_step=None).values_list("id", flat=True)),
+    }

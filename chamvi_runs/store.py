@@ -187,6 +187,38 @@ def _write_checkpoint(run_id: str, step_index: int, messages: list[Message], fin
         )
 
 
+def _record(
+    claim: Claim,
+    steps: list[StepRecord],
+    messages: list[Message],
+    finish_reason: str,
+    usage: Usage,
+    model_calls: int,
+    consumed_inputs: Iterable[str],
+    **run_fields: Any,
+) -> int:
+    """Inside a transaction: the fenced run update (usage, plus ``run_fields``), the steps, the
+    checkpoint at the last step's index, and the inputs those steps took. Returns that index."""
+    updated = Run.objects.filter(_held(claim)).update(
+        input_tokens=F("input_tokens") + usage.input_tokens,
+        output_tokens=F("output_tokens") + usage.output_tokens,
+        model_calls=F("model_calls") + model_calls,
+        updated_at=Now(),
+        **run_fields,
+    )
+    if not updated:
+        raise LeaseLostError(f"run {claim.run_id}: claim lost before saving steps")
+    _write_steps(claim, steps)
+    last = max(s.index for s in steps)
+    _write_checkpoint(claim.run_id, last, messages, finish_reason)
+    inputs = list(consumed_inputs)
+    if inputs:
+        RunInput.objects.filter(run_id=claim.run_id, pk__in=inputs, consumed_step__isnull=True).update(
+            consumed_step=min(s.index for s in steps)
+        )
+    return last
+
+
 def save_step(
     claim: Claim,
     steps: list[StepRecord],
@@ -200,21 +232,7 @@ def save_step(
     """Steps + checkpoint + usage of one model call (or of tools run after a decision), atomically.
     Raises LeaseLostError, writing nothing, when the claim is no longer held."""
     with transaction.atomic():
-        updated = Run.objects.filter(_held(claim)).update(
-            input_tokens=F("input_tokens") + usage.input_tokens,
-            output_tokens=F("output_tokens") + usage.output_tokens,
-            model_calls=F("model_calls") + model_calls,
-            updated_at=Now(),
-        )
-        if not updated:
-            raise LeaseLostError(f"run {claim.run_id}: claim lost before saving step")
-        _write_steps(claim, steps)
-        _write_checkpoint(claim.run_id, max(s.index for s in steps), messages, finish_reason)
-        inputs = list(consumed_inputs)
-        if inputs:
-            RunInput.objects.filter(run_id=claim.run_id, pk__in=inputs, consumed_step__isnull=True).update(
-                consumed_step=min(s.index for s in steps)
-            )
+        _record(claim, steps, messages, finish_reason, usage, model_calls, consumed_inputs)
 
 
 def open_wait(
@@ -232,27 +250,20 @@ def open_wait(
 ) -> WaitPoint:
     """Record the step that asks for approval, open a WaitPoint, move to ``waiting`` and release the
     claim, atomically. The returned wait point carries the raw token in memory only."""
+    token = secrets.token_urlsafe(32)
     with transaction.atomic():
-        updated = Run.objects.filter(_held(claim)).update(
+        wait_index = _record(
+            claim,
+            steps,
+            messages,
+            "tool_calls",
+            usage,
+            model_calls,
+            consumed_inputs,
             status=Status.WAITING,
             claim_owner=None,
             claim_expires_at=None,
-            input_tokens=F("input_tokens") + usage.input_tokens,
-            output_tokens=F("output_tokens") + usage.output_tokens,
-            model_calls=F("model_calls") + model_calls,
-            updated_at=Now(),
         )
-        if not updated:
-            raise LeaseLostError(f"run {claim.run_id}: claim lost before opening a wait point")
-        _write_steps(claim, steps)
-        wait_index = max(s.index for s in steps)
-        _write_checkpoint(claim.run_id, wait_index, messages, "tool_calls")
-        inputs = list(consumed_inputs)
-        if inputs:
-            RunInput.objects.filter(run_id=claim.run_id, pk__in=inputs, consumed_step__isnull=True).update(
-                consumed_step=min(s.index for s in steps)
-            )
-        token = secrets.token_urlsafe(32)
         waitpoint = WaitPoint.objects.create(
             run_id=claim.run_id,
             step_index=wait_index,

@@ -93,6 +93,12 @@ def _body(request: HttpRequest) -> dict[str, Any]:
     return data
 
 
+def _payload_error(exc: InvalidPayload) -> ApiError:
+    if exc.too_large:
+        return ApiError(413, "payload_too_large", str(exc))
+    return ApiError(400, "invalid_payload", str(exc))
+
+
 def _optional_str(data: dict[str, Any], key: str) -> str | None:
     value = data.get(key)
     if value is not None and (not isinstance(value, str) or not value or len(value) > 200):
@@ -140,11 +146,7 @@ def runs(request: HttpRequest) -> HttpResponse:
     except AgentNotFound as exc:
         raise ApiError(404, "agent_not_found", str(exc)) from None
     except InvalidPayload as exc:
-        raise ApiError(
-            413 if exc.too_large else 400,
-            "payload_too_large" if exc.too_large else "invalid_payload",
-            str(exc),
-        ) from None
+        raise _payload_error(exc) from None
     if not policy().can_view(user, run):
         # The trigger id is already used by a run this user may not see: do not reveal it.
         raise ApiError(409, "duplicate_id", f"the id is already used by another run of {agent}")
@@ -173,11 +175,7 @@ def run_input(request: HttpRequest, run_id: str) -> HttpResponse:
     try:
         item = api.send_input(run.pk, data["payload"])
     except InvalidPayload as exc:
-        raise ApiError(
-            413 if exc.too_large else 400,
-            "payload_too_large" if exc.too_large else "invalid_payload",
-            str(exc),
-        ) from None
+        raise _payload_error(exc) from None
     except DecisionRefused as exc:
         raise ApiError(409, exc.code, str(exc)) from None
     except RunNotFound:

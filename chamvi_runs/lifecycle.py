@@ -1,0 +1,26 @@
+"""What follows a settle, wherever it happened (an execution, a cancel, an expiry): the final
+event, the ``run_settled`` signal, and the doorbell for whoever runs next."""
+
+from __future__ import annotations
+
+from . import signals
+from .broadcast import ChannelsBroadcaster
+from .core.states import TERMINAL, Status
+from .executors import enqueue, enqueue_next_in_line
+from .models import Run
+from .serializers import run_end_event
+
+
+def announce_settled(run_id: str, broadcaster: ChannelsBroadcaster | None = None) -> Run:
+    run = Run.objects.get(pk=run_id)
+    broadcaster = broadcaster or ChannelsBroadcaster(run.thread)
+    if run.status in TERMINAL:
+        broadcaster.publish(run.pk, run_end_event(run))
+    broadcaster.flush()
+    signals.run_settled.send(Run, run=run)
+    if run.status == Status.INTERRUPTED:
+        # Another worker resumes it from its checkpoint now, not after a lease expiry.
+        enqueue(run.pk)
+    else:
+        enqueue_next_in_line(run)
+    return run
