@@ -362,14 +362,15 @@ class Execution:
     def resume_calls(
         self, agent: Agent, ctx: RunContext, tools: dict[str, Tool], messages: list[Message], index: int
     ) -> tuple[list[Message], int]:
-        """The checkpoint ends on tool calls without results: an approval was asked for."""
+        """The checkpoint ends on tool calls without results: an approval was asked for. Undecided:
+        back to waiting, no model call. Decided: the approved call runs, then the calls after it."""
         first = open_tool_calls(messages)[0]
         waitpoint = (
             WaitPoint.objects.filter(run_id=self.claim.run_id, tool_call_id=first["id"])
             .order_by("-created_at")
             .first()
         )
-        if waitpoint is None or waitpoint.decision is None:
+        if waitpoint is not None and waitpoint.decision is None:
             if not store.back_to_waiting(self.claim):
                 raise LeaseLostError(f"run {self.claim.run_id}: claim lost before going back to waiting")
             raise Settled(Status.WAITING)
