@@ -16,6 +16,7 @@ from django.db import transaction
 from . import store
 from .agent import RunContext
 from .errors import LeaseLostError
+from .faults import crash_point
 from .store import Claim
 from .tools import Tool, to_jsonable
 
@@ -42,4 +43,5 @@ def run_effect(claim: Claim, tool: Tool, ctx: RunContext, arguments: dict[str, A
             logger.info("effect tool %s raised", tool.name, exc_info=True)
             error = f"{type(exc).__name__}: {exc}"
         store.record_effect(claim, key, tool.name, to_jsonable(arguments), output, error)
+    crash_point("after_effect_record")
     return output, error

@@ -39,6 +39,7 @@ from .core.types import (
 )
 from .effects import run_effect
 from .errors import AgentNotFound, ArtifactNotFound, LeaseLostError, ToolArgumentsError
+from .faults import crash_point
 from .lease import LeaseKeeper
 from .lifecycle import announce_settled
 from .models import Checkpoint, Run, Step, WaitPoint
@@ -69,6 +70,7 @@ def execute(run_id: str, *, shutdown: AbortSignal | None = None, owner: str | No
     claim = store.claim(run_id, owner or worker_identity(), float(conf.LEASE_SECONDS))
     if claim is None:
         return None
+    crash_point("after_claim")
     return Execution(claim, shutdown).run()
 
 
@@ -149,6 +151,7 @@ class Execution:
         close: str | None = None,
     ) -> str:
         code, message = error or ("", "")
+        crash_point("before_settle")
         if not store.settle(
             self.claim, status, output=output, error_code=code, error_message=message, close_history=close
         ):
@@ -255,6 +258,7 @@ class Execution:
 
         def on_delta(kind: str, text: str) -> None:
             self.emit("delta", step=index, attempt=attempt, kind=kind, text=text)
+            crash_point("mid_stream")
             signals.run_delta.send(
                 Run, run_id=self.claim.run_id, step=index, attempt=attempt, kind=kind, text=text
             )
@@ -421,6 +425,10 @@ class Execution:
             for w in WaitPoint.objects.filter(run_id=self.claim.run_id, decision=WaitPoint.Decision.APPROVED)
         }
         for call in calls:
+            if self.abort.reason == "lease_lost":
+                # Another worker may hold the run now: run nothing more. (Cancel and drain let the
+                # step's tools finish, so that its writes can complete.)
+                raise LeaseLostError(f"run {self.claim.run_id}: lease lost between tool calls")
             name, raw = call["function"]["name"], call["function"].get("arguments") or ""
             tool = tools.get(name)
             started = timezone.now()

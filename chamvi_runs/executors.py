@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import secrets
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +14,7 @@ from django.db import close_old_connections, connection, transaction
 
 from .conf import conf
 from .core.types import AbortSignal
+from .faults import crash_point
 
 if TYPE_CHECKING:
     from .models import Run
@@ -26,12 +28,15 @@ def enqueue(run_id: str) -> None:
 
 
 def _enqueue_now(run_id: str) -> None:
+    crash_point("before_enqueue")
     if conf.EXECUTOR == "thread":
         thread_executor().submit(run_id)
         return
     rq_queue(conf.QUEUE).enqueue(
         "chamvi_runs.jobs.execute_run",
         run_id,
+        # The run id in the job id lets the janitor see which runs already have a job waiting.
+        job_id=f"chamvi-{secrets.token_hex(4)}-{run_id}",
         # One job is one execution, which may stream for long; the lease, not RQ, bounds it.
         job_timeout=-1,
         result_ttl=600,
@@ -54,6 +59,17 @@ def rq_queue(name: str) -> Any:
         return _queues[name]
 
 
+def waiting_jobs() -> set[str]:
+    """Ids of runs that have a job waiting in the queue, so the janitor rings no doorbell twice."""
+    if conf.EXECUTOR == "thread":
+        return thread_executor().pending()
+    return {
+        job_id.split("-", 2)[2]
+        for job_id in rq_queue(conf.QUEUE).get_job_ids()
+        if job_id.startswith("chamvi-")
+    }
+
+
 def enqueue_next_in_line(run: Run) -> None:
     from . import store
 
@@ -66,6 +82,8 @@ class ThreadExecutor:
 
     def __init__(self, size: int = 4) -> None:
         self.queue: queue.Queue[str] = queue.Queue()
+        self._pending: set[str] = set()
+        self._lock = threading.Lock()
         self.shutdown = AbortSignal()
         self.threads = [
             threading.Thread(target=self._work, name=f"chamvi-exec-{n}", daemon=True) for n in range(size)
@@ -74,13 +92,23 @@ class ThreadExecutor:
             thread.start()
 
     def submit(self, run_id: str) -> None:
+        with self._lock:
+            if run_id in self._pending:
+                return
+            self._pending.add(run_id)
         self.queue.put(run_id)
+
+    def pending(self) -> set[str]:
+        with self._lock:
+            return set(self._pending)
 
     def _work(self) -> None:
         from . import engine
 
         while True:
             run_id = self.queue.get()
+            with self._lock:
+                self._pending.discard(run_id)
             try:
                 close_old_connections()
                 engine.execute(run_id, shutdown=self.shutdown)

@@ -10,7 +10,7 @@ from . import store
 from .agent import registry
 from .conf import conf
 from .errors import AgentNotFound, DecisionRefused
-from .executors import enqueue
+from .executors import enqueue, waiting_jobs
 from .lifecycle import announce_settled
 from .models import WaitPoint
 
@@ -27,9 +27,11 @@ class TickReport:
 def tick_once() -> TickReport:
     report = TickReport()
     # The database is the truth; the queue is only a doorbell that may have been lost.
+    waiting = waiting_jobs()
     for run_id in store.runs_to_enqueue(stale_after_seconds=float(conf.LEASE_SECONDS)):
-        enqueue(run_id)
-        report.enqueued += 1
+        if run_id not in waiting:
+            enqueue(run_id)
+            report.enqueued += 1
     for waitpoint in store.expired_waitpoints():
         if _expire(waitpoint):
             report.expired += 1

@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import DateTimeField, ExpressionWrapper, F, Q, Value
+from django.db.models import DateTimeField, Exists, ExpressionWrapper, F, OuterRef, Q, Value
 from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
@@ -30,6 +30,7 @@ from .core.messages import answer_open_calls, tool_result
 from .core.states import CLAIMABLE, TERMINAL, Status, sources_of
 from .core.types import NO_USAGE, Message, Usage
 from .errors import DecisionRefused, LeaseLostError, RunNotFound
+from .faults import crash_point
 from .models import Checkpoint, EffectRecord, Run, RunInput, Step, WaitPoint
 
 
@@ -233,6 +234,8 @@ def save_step(
     Raises LeaseLostError, writing nothing, when the claim is no longer held."""
     with transaction.atomic():
         _record(claim, steps, messages, finish_reason, usage, model_calls, consumed_inputs)
+        crash_point("before_step_commit")
+    crash_point("after_step_commit")
 
 
 def open_wait(
@@ -472,13 +475,29 @@ def record_effect(claim: Claim, key: str, tool_name: str, tool_input: Any, outpu
 # --- janitor -----------------------------------------------------------------------------------
 
 
+def _waits_for_elder(field_name: str) -> Exists:
+    """A run of the same key or thread that is active, or queued and older."""
+    return Exists(
+        Run.objects.filter(**{field_name: OuterRef(field_name)})
+        .exclude(pk=OuterRef("pk"))
+        .filter(
+            Q(status__in=[Status.RUNNING, Status.WAITING, Status.INTERRUPTED])
+            | Q(status=Status.QUEUED, created_at__lt=OuterRef("created_at"))
+        )
+    )
+
+
 def runs_to_enqueue(stale_after_seconds: float) -> list[str]:
     """Runs a worker should pick up: expired claims, released running runs, and queued or
-    interrupted runs untouched for a while (their job may have been lost with Redis)."""
+    interrupted runs untouched for a while (their job may have been lost with Redis). A queued run
+    behind an elder of its concurrency key or thread is left out: the elder's settle admits it."""
     quiet = Q(
         updated_at__lt=ExpressionWrapper(
             Now() - Value(timedelta(seconds=stale_after_seconds)), output_field=DateTimeField()
         )
+    )
+    admissible = ~Q(status=Status.QUEUED) | (
+        ~_waits_for_elder("concurrency_key") & ~_waits_for_elder("thread")
     )
     return list(
         Run.objects.filter(
@@ -486,6 +505,7 @@ def runs_to_enqueue(stale_after_seconds: float) -> list[str]:
             | (Q(status=Status.RUNNING, claim_owner__isnull=True) & quiet)
             | (Q(status__in=[Status.QUEUED, Status.INTERRUPTED]) & quiet)
         )
+        .filter(admissible)
         .order_by("created_at")
         .values_list("pk", flat=True)[:500]
     )

@@ -257,6 +257,7 @@ class _State:
     active: int = 0
     idle: threading.Condition = field(default_factory=threading.Condition)
     counter: int = 0
+    responders: dict[str, Callable[[dict[str, Any]], "Reply"]] = field(default_factory=dict)
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -334,8 +335,11 @@ class _Handler(BaseHTTPRequestHandler):
             state.requests.append(body)
             queue = state.queues.get(model)
             reply = queue.popleft() if queue else None
+            responder = state.responders.get(model) if reply is None else None
             state.counter += 1
             completion_id = f"chatcmpl-scripted-{state.counter}"
+        if reply is None and responder is not None:
+            reply = responder(body)
         if reply is None:
             self._send_error(
                 500,
@@ -662,6 +666,15 @@ class ScriptedServer:
         with self._state.lock:
             return len(self._state.queues.get(model, ()))
 
+    def respond(self, model: str, responder: Callable[[dict[str, Any]], Reply] | None) -> None:
+        """Answer requests for ``model`` that find no scripted reply with ``responder(request body)``
+        (None removes it): for tests where many runs share one model and replies depend on history."""
+        with self._state.lock:
+            if responder is None:
+                self._state.responders.pop(model, None)
+            else:
+                self._state.responders[model] = responder
+
     def leftovers(self) -> dict[str, int]:
         """Models with scripted replies not yet consumed, and how many."""
         with self._state.lock:
@@ -672,3 +685,4 @@ class ScriptedServer:
         with self._state.lock:
             self._state.queues.clear()
             self._state.requests.clear()
+            self._state.responders.clear()

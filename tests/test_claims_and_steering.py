@@ -273,3 +273,30 @@ def test_an_idempotent_trigger_id_returns_the_first_run():
     assert again.pk == first.pk and Run.objects.count() == 1
     other_agent = start_run("structured", "x", id="evt-1")
     assert other_agent.pk != first.pk
+
+
+def _age(run_id: str, seconds: int = 3600) -> None:
+    Run.objects.filter(pk=run_id).update(updated_at=F("updated_at") - timedelta(seconds=seconds))
+
+
+def test_the_janitor_rings_once_for_a_run_whose_job_was_lost(redis):
+    import django_rq
+
+    run = start_run("basic", "x")
+    redis.delete("rq:queue:chamvi")  # Redis lost the job
+    _age(run.pk)
+    assert tick_once().enqueued == 1
+    assert tick_once().enqueued == 0, "a run whose job is still waiting gets no second doorbell"
+    assert [job.args for job in django_rq.get_queue("chamvi").get_jobs()] == [[run.pk]]
+
+
+def test_the_janitor_leaves_runs_behind_an_elder_of_their_key_alone(redis):
+    elder = start_run("basic", "one", concurrency_key="k")
+    younger = start_run("basic", "two", concurrency_key="k")
+    redis.delete("rq:queue:chamvi")
+    _age(elder.pk)
+    _age(younger.pk)
+    tick_once()
+    import django_rq
+
+    assert [job.args for job in django_rq.get_queue("chamvi").get_jobs()] == [[elder.pk]]
