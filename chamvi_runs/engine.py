@@ -209,6 +209,8 @@ class Execution:
         tools = agent.assemble_tools(ctx)
         if open_tool_calls(messages):
             messages, index = self.resume_calls(agent, ctx, tools, messages, index)
+        elif index > 0:
+            self.settle_saved_ending(agent, messages)
         while True:
             self.stop_if_aborted()
             run = Run.objects.only("model_calls", "input_tokens", "output_tokens").get(pk=self.claim.run_id)
@@ -220,6 +222,25 @@ class Execution:
             for item in inputs:
                 messages.append({"role": "user", "content": _input_text(item.payload)})
             messages, index = self.model_step(agent, ctx, tools, messages, index, [i.pk for i in inputs])
+
+    def settle_saved_ending(self, agent: Agent, messages: list[Message]) -> None:
+        """An earlier execution saved a step that ended the run, then died before settling: settle
+        as it would have, without calling the model again (its step is not the one in flight)."""
+        if not messages or messages[-1].get("role") != "assistant" or store.pending_inputs(self.claim.run_id):
+            return
+        last = Step.objects.filter(run_id=self.claim.run_id, kind="llm").order_by("-index").first()
+        if last is None:
+            return
+        finish = (last.output or {}).get("finish_reason")
+        if finish == "error":
+            self.settle(Status.FAILED, error=(ErrorCode.MODEL_ERROR, last.error))
+        if finish is None:
+            self.settle(Status.FAILED, error=(ErrorCode.INCOMPLETE_RESPONSE, last.error))
+        try:
+            output = agent.parse_output(messages[-1].get("content") or "")
+        except ValueError as exc:
+            self.settle(Status.FAILED, error=(ErrorCode.INVALID_OUTPUT, str(exc)))
+        self.settle(Status.COMPLETED, output=output)
 
     def fail_budget(self, detail: str) -> None:
         self.settle(Status.FAILED, error=(ErrorCode.BUDGET_EXCEEDED, detail), close=CLOSED_BY["failed"])
@@ -283,6 +304,10 @@ class Execution:
             return self.fail_turn(turn, llm, messages, inputs)
         self.emit("step.end", step=index, attempt=attempt, finish_reason=finish)
         if turn.tool_calls:
+            # The lease keeper checks only every heartbeat: a worker that froze during the stream
+            # learns here, before any tool runs, that another worker may hold the run now.
+            if not store.renew(self.claim, float(conf.LEASE_SECONDS)):
+                raise LeaseLostError(f"run {self.claim.run_id}: lease lost before running tools")
             messages = [*messages, turn.assistant_message()]
             steps = [llm]
             calls = [c.as_message_part() for c in turn.tool_calls]

@@ -51,6 +51,10 @@ class WorkerProcess:
     def wait(self, timeout: float) -> int:
         return self.proc.wait(timeout)
 
+    def ready(self) -> bool:
+        """Listening on its queue, with its signal handlers installed."""
+        return "Listening on" in self.output()
+
     def output(self) -> str:
         return Path(self.log.name).read_text(errors="replace")
 
@@ -74,3 +78,75 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str | Callab
                 f"timed out after {timeout}s waiting for {what() if callable(what) else what}"
             )
         time.sleep(0.05)
+
+
+class WebProcess:
+    """``daphne project.asgi:application`` on a free port, against the test database."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        import socket
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.log = tempfile.NamedTemporaryFile(prefix="chamvi-web-", suffix=".log", delete=False)  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "daphne",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "project.asgi:application",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        wait_for(self._up, 30, self.output)
+
+    def _up(self) -> bool:
+        import urllib.error
+        import urllib.request
+
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{self.port}/", timeout=2)
+        except urllib.error.HTTPError:
+            return True
+        except OSError:
+            return False
+        return True
+
+    def request(self, method: str, path: str, token: str, body: dict | None = None) -> tuple[int, dict]:
+        import json
+        import urllib.error
+        import urllib.request
+
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}{path}",
+            data=data,
+            method=method,
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=10) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"{}")
+
+    def output(self) -> str:
+        return Path(self.log.name).read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
+        os.unlink(self.log.name)

@@ -150,10 +150,20 @@ def test_the_janitor_re_enqueues_expired_claims_and_the_next_execution_resumes(s
     run = start_run("basic", "x")
     crashed = store.claim(run.pk, "crashed-worker", 30)
     # The crashed execution had finished its first step before dying.
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
     store.save_step(
         crashed,
-        [StepRecord(index=0, kind="llm", output={"text": ""})],
-        [{"role": "user", "content": "x"}, {"role": "assistant", "content": "thinking"}],
+        [
+            StepRecord(
+                index=0, kind="llm", output={"text": "", "tool_calls": [call], "finish_reason": "tool_calls"}
+            ),
+            StepRecord(index=1, kind="tool", name="add", input={"a": 1, "b": 2}, output=3),
+        ],
+        [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "3"},
+        ],
         model_calls=1,
     )
     redis.delete("rq:queue:chamvi")
@@ -169,7 +179,7 @@ def test_the_janitor_re_enqueues_expired_claims_and_the_next_execution_resumes(s
     run = execute(run)
     assert run.status == "completed" and run.output == "resumed" and run.attempt == 2
     assert events(run)[0]["type"] == "run.resume"
-    assert list(Step.objects.filter(run=run).values_list("index", "attempt")) == [(0, 1), (1, 2)]
+    assert list(Step.objects.filter(run=run).values_list("index", "attempt")) == [(0, 1), (1, 1), (2, 2)]
 
 
 def test_cancel_of_a_queued_run_settles_at_once():
@@ -300,3 +310,30 @@ def test_the_janitor_leaves_runs_behind_an_elder_of_their_key_alone(redis):
     import django_rq
 
     assert [job.args for job in django_rq.get_queue("chamvi").get_jobs()] == [[elder.pk]]
+
+
+@pytest.mark.parametrize(
+    ("finish", "error", "status", "code"),
+    [
+        ("stop", "", "completed", ""),
+        ("error", "HTTP 500: boom", "failed", "model_error"),
+        (None, "the stream ended without a finish reason", "failed", "incomplete_response"),
+    ],
+)
+def test_a_run_whose_last_step_ended_it_settles_without_another_model_call(
+    server, finish, error, status, code
+):
+    run = start_run("basic", "x")
+    dead = store.claim(run.pk, "died-before-settling", 30)
+    store.save_step(
+        dead,
+        [StepRecord(index=0, kind="llm", output={"text": "All done.", "finish_reason": finish}, error=error)],
+        [{"role": "user", "content": "x"}, {"role": "assistant", "content": "All done."}],
+        finish_reason=finish or "",
+        model_calls=1,
+    )
+    _expire(run.pk)
+    run = execute(run)
+    assert (run.status, run.error_code) == (status, code)
+    assert run.output == ("All done." if status == "completed" else None)
+    assert server.requests_for("m-basic") == [], "the saved step is not repeated"

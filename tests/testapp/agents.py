@@ -81,3 +81,4 @@ factory = Agent(
     instructions=lambda ctx: f"Run {ctx.run.pk} for {ctx.run.trigger['payload']}",
     tools=lambda ctx: [add] if ctx.run.trigger["keys"].get("math") else [whoami],
 )
+faulty = _agent("faulty", tools=[add, refund])

@@ -1,0 +1,336 @@
+"""Random and systemic faults with several real worker processes on PostgreSQL and Redis."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import random
+import signal
+import statistics
+import subprocess
+import time
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.db import connection
+from django.db.models import F
+
+from chamvi_runs import cancel_run
+from chamvi_runs.broadcast import event_log
+from chamvi_runs.executors import _enqueue_now
+from chamvi_runs.models import Run
+from tests.faults.conftest import SCALE
+from tests.faults.harness import check, recover, start_tagged
+from tests.processes import ROOT, WebProcess, wait_for, worker_env
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(600)]
+
+
+def _held_by(pid: int) -> list[Run]:
+    return list(Run.objects.filter(claim_owner__contains=f":{pid}:", status="running"))
+
+
+def _tags(runs: dict[str, str]) -> dict[str, str]:
+    return {run_id: tag for tag, run_id in runs.items()}
+
+
+def test_random_sigkills_lose_nothing_and_repeat_at_most_the_step_in_flight(model, pool, record):
+    all_runs: dict[str, str] = {}
+    faults: Counter[str] = Counter()
+    kills = 0
+    for _ in range(10 * SCALE):
+        pool.ensure(2)
+        runs = start_tagged(5)
+        by_id = _tags(runs)
+        for _ in range(2):  # two kills per batch, at independent random moments
+            pool.ensure(2)
+            victim = random.choice(pool.alive())
+            time.sleep(random.uniform(0.05, 1.0))
+            held = _held_by(victim.pid)
+            victim.signal(signal.SIGKILL)
+            victim.wait(10)
+            kills += 1
+            for run in held:
+                faults[by_id.get(run.pk, "?")] += 1
+        recover(runs.values(), pool)
+        all_runs.update(runs)
+    report = check(all_runs, model, pool, faults)
+    record("random SIGKILL", report, kills=kills, runs_hit=sum(faults.values()))
+    assert report.completed == len(all_runs)
+
+
+def test_recovery_time_after_a_sigkill_with_test_lease_settings(model, pool, server, record):
+    """No time travel here: the lease (4 s in tests) runs out and a real chamvi_tick loop acts."""
+    tick = subprocess.Popen(
+        [
+            ".venv/bin/python" if Path(ROOT, ".venv/bin/python").exists() else "python",
+            "manage.py",
+            "chamvi_tick",
+            "--interval",
+            "0.5",
+        ],
+        cwd=ROOT,
+        env=worker_env(server.base_url),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    model.pause = 1.0
+    claimed_again, settled = [], []
+    runs_all: dict[str, str] = {}
+    faults: Counter[str] = Counter()
+    try:
+        for _ in range(3 * SCALE):
+            victim = pool.spawn()
+            pool.ensure(2)
+            runs = start_tagged(1)
+            (run_id,) = runs.values()
+            wait_for(
+                lambda run_id=run_id: Run.objects.filter(pk=run_id, claim_owner__isnull=False).exists(),
+                30,
+                "a claim",
+            )
+            run = Run.objects.get(pk=run_id)
+            owner_pid = int(run.claim_owner.split(":")[1])
+            target = next(w for w in pool.alive() if w.pid == owner_pid)
+            time.sleep(0.3)
+            target.signal(signal.SIGKILL)
+            target.wait(10)
+            killed_at = time.monotonic()
+            faults[next(iter(runs))] += 1
+            wait_for(
+                lambda run_id=run_id, a=run.attempt: Run.objects.get(pk=run_id).attempt > a, 60, "a re-claim"
+            )
+            claimed_again.append(time.monotonic() - killed_at)
+            wait_for(lambda run_id=run_id: Run.objects.get(pk=run_id).status == "completed", 60, "completion")
+            settled.append(time.monotonic() - killed_at)
+            runs_all.update(runs)
+            del victim
+    finally:
+        tick.terminate()
+        tick.wait(10)
+    report = check(runs_all, model, pool, faults)
+    record(
+        "recovery after SIGKILL (lease 4 s, heartbeat 1 s, tick every 0.5 s)",
+        report,
+        reclaim_median_s=round(statistics.median(claimed_again), 2),
+        reclaim_max_s=round(max(claimed_again), 2),
+        complete_median_s=round(statistics.median(settled), 2),
+        complete_max_s=round(max(settled), 2),
+    )
+
+
+def test_a_frozen_worker_that_wakes_after_its_lease_writes_nothing(model, pool, record):
+    model.pause = 3.0
+    frozen = pool.spawn()
+    runs = start_tagged(1)
+    ((tag, run_id),) = runs.items()
+    wait_for(
+        lambda: frozen.pid in [int(r.claim_owner.split(":")[1]) for r in _held_by(frozen.pid)], 30, "claim"
+    )
+    time.sleep(0.5)
+    frozen.signal(signal.SIGSTOP)
+    try:
+        Run.objects.filter(pk=run_id).update(claim_expires_at=F("claim_expires_at") - timedelta(hours=1))
+        model.pause = 0.05
+        pool.spawn()
+        from chamvi_runs.janitor import tick_once
+
+        tick_once()
+        wait_for(lambda: Run.objects.get(pk=run_id).status == "completed", 60, "the rescuer to complete")
+    finally:
+        frozen.signal(signal.SIGCONT)
+    wait_for(
+        lambda: "LeaseLostError" in frozen.output() or "lease lost" in frozen.output(), 30, frozen.output
+    )
+    time.sleep(1.0)
+    report = check(runs, model, pool, Counter({tag: 1}))
+    record("SIGSTOP past the lease, then SIGCONT", report)
+    assert frozen.proc.poll() is None, "the woken worker goes on serving"
+
+
+def test_many_workers_racing_for_one_run_execute_it_once(model, pool, record):
+    for _ in range(4):
+        pool.spawn()
+    runs = start_tagged(3 * SCALE)
+    for run_id in runs.values():
+        for _ in range(5):
+            _enqueue_now(run_id)
+    recover(runs.values(), pool, workers=4)
+    report = check(runs, model, pool)
+    assert report.model_calls == report.llm_steps, "a duplicate job made a model call"
+    record("4 workers, 6 jobs per run", report)
+
+
+def test_a_concurrency_key_admits_one_run_at_a_time_in_creation_order_across_workers(model, pool, record):
+    model.pause = 0.05
+    for _ in range(4):
+        pool.spawn()
+    runs = start_tagged(8 * SCALE, concurrency_key="tenant-7")
+    recover(runs.values(), pool, workers=4, timeout=120)
+    report = check(runs, model, pool)
+    ordered = list(Run.objects.filter(pk__in=runs.values()).order_by("created_at", "id"))
+    for elder, younger in itertools.pairwise(ordered):
+        assert elder.finished_at <= younger.started_at, (
+            "two runs of one key executed at once, or out of order"
+        )
+    record("concurrency key across 4 workers", report)
+
+
+def test_cancel_racing_completion_ends_in_one_status_that_the_final_event_tells(model, pool, record):
+    model.pause = 0.1
+    pool.ensure(2)
+    runs = start_tagged(10 * SCALE)
+    started = time.monotonic()
+    # Each run is cancelled at its own random moment: before, during or after its execution.
+    schedule = sorted((random.uniform(0, 1.2 * SCALE), run_id) for run_id in runs.values())
+    for at, run_id in schedule:
+        time.sleep(max(0.0, at - (time.monotonic() - started)))
+        cancel_run(run_id)
+    recover(runs.values(), pool)
+    # A cancel aborts the model call in flight: one call per run may have no step.
+    report = check(runs, model, pool, Counter(runs.keys()), allowed=("completed", "cancelled"))
+    for run_id in runs.values():
+        run = Run.objects.get(pk=run_id)
+        ends = [e for e in event_log().after(run_id, 0) if e["type"] == "run.end"]
+        assert [e["status"] for e in ends] == [run.status], f"{run_id}: events {ends} vs {run.status}"
+    record("cancel racing completion", report, cancelled=report.cancelled)
+
+
+def test_drain_at_random_moments_loses_nothing(model, pool, record):
+    all_runs: dict[str, str] = {}
+    faults: Counter[str] = Counter()
+    drains = 0
+    for _ in range(4 * SCALE):
+        pool.ensure(2)
+        runs = start_tagged(3)
+        victim = random.choice(pool.alive())
+        # Before RQ installs its handlers, SIGTERM simply ends the process (no run held yet).
+        wait_for(victim.ready, 30, victim.output)
+        time.sleep(random.uniform(0.1, 1.0))
+        held = _held_by(victim.pid)
+        victim.signal(signal.SIGTERM)
+        assert victim.wait(20) == 0, victim.output()[-3000:]
+        drains += 1
+        for run in held:
+            faults[_tags(runs).get(run.pk, "?")] += 1
+        recover(runs.values(), pool)
+        all_runs.update(runs)
+    report = check(all_runs, model, pool, faults)
+    record("SIGTERM drain", report, drains=drains)
+
+
+@pytest.fixture
+def web(server):
+    from django.contrib.auth import get_user_model
+
+    from chamvi_runs.auth import create_token
+
+    user = get_user_model().objects.create_superuser("ops", "ops@example.com", "pw")
+    process = WebProcess(worker_env(server.base_url))
+    process.token = create_token(user, "faults")[1]
+    yield process
+    process.stop()
+
+
+def _web_starts_and_reads_a_run(web) -> dict[str, str]:
+    tag = f"web-{random.getrandbits(32):x}"
+    status, body = web.request(
+        "POST", "/chamvi/api/runs/", web.token, {"agent": "faulty", "payload": {"tag": tag}}
+    )
+    assert status == 201, (status, body, web.output()[-2000:])
+    status, again = web.request("GET", f"/chamvi/api/runs/{body['id']}/", web.token)
+    assert status == 200, (status, again)
+    return {tag: body["id"]}
+
+
+def _pg_restart() -> None:
+    version = next(p.name for p in Path("/etc/postgresql").iterdir())
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart", "-m", "fast"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+
+
+def _redis_restart(redis) -> None:
+    with contextlib.suppress(Exception):  # the connection drops as the server stops
+        redis.shutdown(nosave=True)
+    subprocess.run(
+        [
+            "redis-server",
+            "--daemonize",
+            "yes",
+            "--bind",
+            "127.0.0.1",
+            "-::1",
+            "--port",
+            "6379",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            "/var/lib/redis",
+            "--logfile",
+            "/var/log/redis/ci.log",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+    wait_for(lambda: _ping(redis), 30, "Redis to answer")
+
+
+def _ping(redis) -> bool:
+    try:
+        return bool(redis.ping())
+    except Exception:
+        return False
+
+
+def test_web_and_workers_survive_a_postgresql_restart(model, pool, web, record):
+    model.pause = 0.5
+    before = _web_starts_and_reads_a_run(web)
+    first = [pool.spawn(), pool.spawn()]
+    runs = start_tagged(4)
+    wait_for(lambda: Run.objects.filter(pk__in=runs.values(), status="running").exists(), 30, "a running run")
+    _pg_restart()
+    connection.close()
+    wait_for(lambda: _db_ok(), 30, "PostgreSQL to answer")
+    faults = Counter([*runs, *before])  # any run may have lost its step in flight
+    recover(runs.values(), pool)
+    assert all(w.proc.poll() is None for w in first), "a worker died with the database restart"
+    assert web.proc.poll() is None
+    more = {**start_tagged(2), **before, **_web_starts_and_reads_a_run(web)}
+    recover(more.values(), pool)
+    report = check({**runs, **more}, model, pool, faults)
+    record("PostgreSQL fast restart mid-run", report)
+
+
+def _db_ok() -> bool:
+    try:
+        connection.close()
+        return Run.objects.exists() or True
+    except Exception:
+        return False
+
+
+def test_web_and_workers_survive_a_redis_flush_and_restart(model, pool, redis, web, record):
+    model.pause = 0.3
+    before = _web_starts_and_reads_a_run(web)
+    first = [pool.spawn(), pool.spawn()]
+    runs = start_tagged(6)
+    time.sleep(0.5)
+    redis.flushdb()  # queued jobs, events and worker registrations are gone
+    recover(runs.values(), pool)
+    _redis_restart(redis)
+    more = {**start_tagged(4), **before, **_web_starts_and_reads_a_run(web)}
+    recover(more.values(), pool)
+    assert all(w.proc.poll() is None for w in first), "a worker died with the Redis restart"
+    assert web.proc.poll() is None
+    faults = Counter([*runs, *before])
+    report = check({**runs, **more}, model, pool, faults)
+    record("Redis FLUSHDB then restart", report)
