@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test lint bench worker tick clean
+.PHONY: demo test soak bench worker tick clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) manage.py makemigrations --check --dry-run --settings=tests.settings
 	$(PY) -m pytest
+
+# The fault-injection suite at SCALE times its CI size (default 5: 250 randomly killed runs, ...).
+SCALE ?= 5
+soak: $(STAMP)
+	CHAMVI_FAULT_SCALE=$(SCALE) $(PY) -m pytest tests/faults
 
 bench: $(STAMP)
 	$(PY) bench/run.py

@@ -337,3 +337,44 @@ def test_a_run_whose_last_step_ended_it_settles_without_another_model_call(
     assert (run.status, run.error_code) == (status, code)
     assert run.output == ("All done." if status == "completed" else None)
     assert server.requests_for("m-basic") == [], "the saved step is not repeated"
+
+
+def test_no_transaction_or_row_lock_is_held_during_tool_and_model_calls(server):
+    server.script(
+        "m-probing",
+        [
+            Reply(tool_call("c1", "probe_locks", "{}"), finish("tool_calls")),
+            Reply(text("slow "), delay(1.5), text("end"), finish("stop")),
+        ],
+    )
+    run = start_run("probing", "x")
+    thread, result = _in_thread(execute, run.pk)
+    # While the second model call streams, another connection can lock the run's row at once.
+    wait_for_delta = time.monotonic() + 10
+    while not any(e["type"] == "delta" and e["step"] == 2 for e in events(run)):
+        assert time.monotonic() < wait_for_delta
+        time.sleep(0.05)
+    with transaction.atomic():
+        assert Run.objects.select_for_update(nowait=True).filter(pk=run.pk).exists()
+    thread.join(10)
+    assert "error" not in result
+    assert Step.objects.get(run=run, kind="tool").output == {"in_transaction": False, "row_free": True}
+
+
+def test_a_worker_whose_renewals_fail_stops_before_its_lease_runs_out(server, monkeypatch, settings):
+    from django.db import OperationalError
+
+    server.script("m-basic", [Reply(text("long "), delay(8), text("story"), finish("stop"))])
+    run = start_run("basic", "x")
+
+    def unreachable(*args, **kwargs):
+        raise OperationalError("the database is unreachable")
+
+    monkeypatch.setattr(store, "renew", unreachable)
+    started = time.monotonic()
+    execute(run)
+    took = time.monotonic() - started
+    lease = settings.CHAMVI_RUNS["LEASE_SECONDS"]
+    assert took < lease, f"the execution ran {took:.1f}s on a lease of {lease}s it could not renew"
+    run.refresh_from_db()
+    assert run.status == "running" and not Step.objects.filter(run=run).exists()

@@ -82,3 +82,34 @@ factory = Agent(
     tools=lambda ctx: [add] if ctx.run.trigger["keys"].get("math") else [whoami],
 )
 faulty = _agent("faulty", tools=[add, refund])
+
+
+@tool
+def probe_locks(ctx) -> dict:
+    """Report whether this tool runs inside a transaction, and whether another connection can lock
+    the run's row right now (NOWAIT), i.e. whether the engine holds a lock during tool calls."""
+    import threading
+
+    from django.db import DatabaseError, connection, transaction
+
+    from chamvi_runs.models import Run
+
+    result = {"in_transaction": connection.in_atomic_block}
+
+    def other_connection() -> None:
+        try:
+            with transaction.atomic():
+                Run.objects.select_for_update(nowait=True).filter(pk=ctx.run.pk).exists()
+            result["row_free"] = True
+        except DatabaseError:
+            result["row_free"] = False
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=other_connection)
+    thread.start()
+    thread.join(10)
+    return result
+
+
+probing = _agent("probing", tools=[probe_locks])
