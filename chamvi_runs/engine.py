@@ -1,4 +1,5 @@
 """One execution of a run (SPEC §5): claim, load the start point, loop model -> tools -> save, settle.
+The tool half of a step lives in ``tool_phase``.
 
 The engine never saves a status itself: every write goes through ``store``, fenced by the claim.
 No database transaction or row lock is held during a model call or a tool call, except the
@@ -24,27 +25,24 @@ from .agent import Agent, RunContext, registry
 from .artifacts import ArtifactReader
 from .broadcast import ChannelsBroadcaster
 from .conf import conf
-from .core.messages import open_tool_calls, tool_result, trigger_message
+from .core.messages import open_tool_calls, trigger_message
 from .core.states import TERMINAL, ErrorCode, Status
 from .core.types import (
-    NO_USAGE,
     Aborted,
     AbortSignal,
     Message,
     Model,
     ModelRequest,
     ModelTurn,
-    ToolCall,
-    Usage,
 )
-from .effects import run_effect
-from .errors import AgentNotFound, ArtifactNotFound, LeaseLostError, ToolArgumentsError
+from .errors import AgentNotFound, ArtifactNotFound, LeaseLostError
 from .faults import crash_point
 from .lease import LeaseKeeper
 from .lifecycle import announce_settled
-from .models import Checkpoint, Run, Step, WaitPoint
+from .models import Checkpoint, Run, Step
 from .store import Claim, StepRecord
-from .tools import Tool, to_jsonable
+from .tool_phase import Settled, ToolPhase
+from .tools import Tool
 
 logger = logging.getLogger(__name__)
 
@@ -74,14 +72,7 @@ def execute(run_id: str, *, shutdown: AbortSignal | None = None, owner: str | No
     return Execution(claim, shutdown).run()
 
 
-class Settled(Exception):
-    """Internal: the execution has written its final status."""
-
-    def __init__(self, status: str) -> None:
-        self.status = status
-
-
-class Execution:
+class Execution(ToolPhase):
     def __init__(self, claim: Claim, shutdown: AbortSignal | None) -> None:
         self.claim = claim
         self.abort = AbortSignal()
@@ -371,220 +362,6 @@ class Execution:
         )
         self.settle(Status.FAILED, error=(code, detail))
 
-    def after_tools(self, agent: Agent, steps: list[StepRecord]) -> None:
-        tool_steps = [s for s in steps if s.kind == "tool"]
-        if tool_steps and all(s.output is None and s.error.startswith("invalid call") for s in tool_steps):
-            self.invalid_streak += 1
-        else:
-            self.invalid_streak = 0
-        if self.invalid_streak >= int(conf.MAX_INVALID_TOOL_CALLS):
-            self.settle(
-                Status.FAILED,
-                error=(
-                    ErrorCode.TOOL_LOOP,
-                    f"{self.invalid_streak} model calls in a row made only invalid tool calls",
-                ),
-            )
-
-    # --- tools -------------------------------------------------------------------------------
-
-    def resume_calls(
-        self, agent: Agent, ctx: RunContext, tools: dict[str, Tool], messages: list[Message], index: int
-    ) -> tuple[list[Message], int]:
-        """The checkpoint ends on tool calls without results: an approval was asked for. Undecided:
-        back to waiting, no model call. Decided: the approved call runs, then the calls after it."""
-        first = open_tool_calls(messages)[0]
-        waitpoint = (
-            WaitPoint.objects.filter(run_id=self.claim.run_id, tool_call_id=first["id"])
-            .order_by("-created_at")
-            .first()
-        )
-        if waitpoint is not None and waitpoint.decision is None:
-            if not store.back_to_waiting(self.claim):
-                raise LeaseLostError(f"run {self.claim.run_id}: claim lost before going back to waiting")
-            raise Settled(Status.WAITING)
-        llm_index = (
-            Step.objects.filter(run_id=self.claim.run_id, kind="llm", index__lt=index)
-            .order_by("-index")
-            .values_list("index", flat=True)
-            .first()
-        ) or 0
-        steps: list[StepRecord] = []
-        messages, steps = self.answer_calls(
-            agent,
-            ctx,
-            tools,
-            open_tool_calls(messages),
-            messages,
-            steps,
-            llm_index=llm_index,
-            next_index=index,
-        )
-        if steps:
-            store.save_step(self.claim, steps, messages)
-            signals.step_saved.send(Run, run_id=self.claim.run_id, steps=steps)
-            return messages, steps[-1].index + 1
-        return messages, index
-
-    def answer_calls(
-        self,
-        agent: Agent,
-        ctx: RunContext,
-        tools: dict[str, Tool],
-        calls: list[dict[str, Any]],
-        messages: list[Message],
-        steps: list[StepRecord],
-        *,
-        llm_index: int,
-        next_index: int | None = None,
-        usage: Usage = NO_USAGE,
-        inputs: list[str] = (),  # type: ignore[assignment]
-    ) -> tuple[list[Message], list[StepRecord]]:
-        """Run each call in order, answering it in ``messages``. A call that needs approval stops
-        here: its wait point is opened (with everything so far) and the execution ends waiting."""
-        index = next_index if next_index is not None else steps[-1].index + 1
-        assistant = next(m for m in reversed(messages) if m.get("role") == "assistant")
-        positions = {c["id"]: n for n, c in enumerate(assistant.get("tool_calls") or [])}
-        decided = {
-            w.tool_call_id: w.decision
-            for w in WaitPoint.objects.filter(run_id=self.claim.run_id, decision=WaitPoint.Decision.APPROVED)
-        }
-        for call in calls:
-            if self.abort.reason == "lease_lost":
-                # Another worker may hold the run now: run nothing more. (Cancel and drain let the
-                # step's tools finish, so that its writes can complete.)
-                raise LeaseLostError(f"run {self.claim.run_id}: lease lost between tool calls")
-            name, raw = call["function"]["name"], call["function"].get("arguments") or ""
-            tool = tools.get(name)
-            started = timezone.now()
-            if tool is None:
-                error = f"invalid call: there is no tool named {name!r}"
-                arguments: Any = _loads(raw)
-            else:
-                try:
-                    arguments = tool.validate(raw)
-                    error = ""
-                except ToolArgumentsError as exc:
-                    arguments, error = _loads(raw), f"invalid call: {exc}"
-            if not error and tool is not None and call["id"] not in decided:
-                call_ctx = RunContext(
-                    run=self.run_row, agent=agent, abort=self.abort, step_index=index, tool_call_id=call["id"]
-                )
-                if agent.needs_approval(name, arguments, call_ctx):
-                    self.open_wait(
-                        agent,
-                        call,
-                        name,
-                        arguments,
-                        messages,
-                        [
-                            *steps,
-                            StepRecord(
-                                index=index,
-                                kind="wait",
-                                name=name,
-                                input=to_jsonable(arguments),
-                                started_at=started,
-                            ),
-                        ],
-                        usage=usage,
-                        model_calls=1 if any(s.kind == "llm" for s in steps) else 0,
-                        inputs=inputs,
-                    )
-            # A call that waits for approval is announced by run.waiting, and by tool.call once it runs.
-            self.emit("tool.call", step=index, tool_call_id=call["id"], name=name, input=_loads(raw))
-            output: Any = None
-            if not error and tool is not None:
-                key = f"{self.claim.run_id}:{llm_index}:{positions.get(call['id'], 0)}:{name}"
-                call_ctx = RunContext(
-                    run=self.run_row,
-                    agent=agent,
-                    abort=self.abort,
-                    step_index=index,
-                    tool_call_id=call["id"],
-                    idempotency_key=key if tool.effect else None,
-                )
-                output, error = self.invoke(tool, call_ctx, arguments)
-            step = StepRecord(
-                index=index,
-                kind="tool",
-                name=name,
-                input=to_jsonable(arguments),
-                output=output,
-                error=error,
-                started_at=started,
-            )
-            steps = [*steps, step]
-            messages = [*messages, tool_result(call["id"], _result_text(output, error))]
-            if error:
-                self.emit("tool.result", step=index, tool_call_id=call["id"], name=name, error=error)
-            else:
-                self.emit("tool.result", step=index, tool_call_id=call["id"], name=name, output=output)
-            index += 1
-        return messages, steps
-
-    def invoke(self, tool: Tool, ctx: RunContext, arguments: dict[str, Any]) -> tuple[Any, str]:
-        if tool.effect:
-            return run_effect(self.claim, tool, ctx, arguments)
-        try:
-            return to_jsonable(tool.invoke(ctx, arguments)), ""
-        except LeaseLostError:
-            raise
-        except Exception as exc:
-            logger.info("tool %s raised", tool.name, exc_info=True)
-            return None, f"{type(exc).__name__}: {exc}"
-
-    def open_wait(
-        self,
-        agent: Agent,
-        call: dict[str, Any],
-        name: str,
-        arguments: dict[str, Any],
-        messages: list[Message],
-        steps: list[StepRecord],
-        *,
-        usage: Usage,
-        model_calls: int,
-        inputs: list[str],
-    ) -> None:
-        ttl = agent.approval_ttl or conf.approval_ttl
-        waitpoint = store.open_wait(
-            self.claim,
-            steps,
-            messages,
-            tool_call_id=call["id"],
-            tool_name=name,
-            tool_input=to_jsonable(arguments),
-            ttl=ttl,
-            usage=usage,
-            model_calls=model_calls,
-            consumed_inputs=inputs,
-        )
-        signals.step_saved.send(Run, run_id=self.claim.run_id, steps=steps)
-        self.emit(
-            "run.waiting",
-            approval_id=waitpoint.approval_id,
-            tool_name=name,
-            input=waitpoint.input,
-            expires_at=waitpoint.expires_at.isoformat(),
-        )
-        run = Run.objects.get(pk=self.claim.run_id)
-        signals.run_waiting.send(Run, run=run, waitpoint=waitpoint)
-        notify(agent, run, waitpoint)
-        raise Settled(Status.WAITING)
-
-
-def notify(agent: Agent, run: Run, waitpoint: WaitPoint) -> bool:
-    """Call the agent's notifier; ``notified_at`` is set once it returns. Raising = not notified yet."""
-    if agent.notifier is None:
-        return store.mark_notified(waitpoint)
-    try:
-        agent.notifier(run, waitpoint)
-    except Exception:
-        logger.warning("notifier of agent %s failed for %s", agent.name, waitpoint.approval_id, exc_info=True)
-        return False
-    return store.mark_notified(waitpoint)
-
 
 def _turn_output(turn: ModelTurn, finish: str | None) -> dict[str, Any]:
     return {
@@ -596,27 +373,10 @@ def _turn_output(turn: ModelTurn, finish: str | None) -> dict[str, Any]:
     }
 
 
-def _loads(raw: str) -> Any:
-    import json
-
-    try:
-        return json.loads(raw) if raw else {}
-    except json.JSONDecodeError:
-        return raw
-
-
-def _result_text(output: Any, error: str) -> str:
-    import json
-
-    if error:
-        return f"Error: {error}"
-    return output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
-
-
 def _input_text(payload: Any) -> str:
     import json
 
     return payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
 
 
-__all__ = ["Execution", "ToolCall", "execute", "notify", "worker_identity"]
+__all__ = ["Execution", "execute", "worker_identity"]

@@ -13,6 +13,7 @@ from .errors import AgentNotFound, DecisionRefused
 from .executors import enqueue, waiting_jobs
 from .lifecycle import announce_settled
 from .models import WaitPoint
+from .notifications import notify
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +62,6 @@ def _expire(waitpoint: WaitPoint) -> bool:
 
 
 def _renotify(waitpoint: WaitPoint) -> bool:
-    from .engine import notify
-
     try:
         agent = registry.get(waitpoint.run.agent)
     except AgentNotFound:
