@@ -20,7 +20,7 @@ from django.db import InterfaceError, OperationalError, close_old_connections
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from . import signals, store
+from . import queries, signals, store
 from .agent import Agent, RunContext, registry
 from .artifacts import ArtifactReader
 from .broadcast import ChannelsBroadcaster
@@ -209,7 +209,7 @@ class Execution(ToolPhase):
                 self.fail_budget(f"max_steps={agent.budget.max_steps} model calls used")
             if agent.budget.tokens_exhausted(run.input_tokens + run.output_tokens):
                 self.fail_budget(f"max_tokens={agent.budget.max_tokens} tokens used")
-            inputs = store.pending_inputs(self.claim.run_id)
+            inputs = queries.pending_inputs(self.claim.run_id)
             for item in inputs:
                 messages.append({"role": "user", "content": _input_text(item.payload)})
             messages, index = self.model_step(agent, ctx, tools, messages, index, [i.pk for i in inputs])
@@ -217,7 +217,11 @@ class Execution(ToolPhase):
     def settle_saved_ending(self, agent: Agent, messages: list[Message]) -> None:
         """An earlier execution saved a step that ended the run, then died before settling: settle
         as it would have, without calling the model again (its step is not the one in flight)."""
-        if not messages or messages[-1].get("role") != "assistant" or store.pending_inputs(self.claim.run_id):
+        if (
+            not messages
+            or messages[-1].get("role") != "assistant"
+            or queries.pending_inputs(self.claim.run_id)
+        ):
             return
         last = Step.objects.filter(run_id=self.claim.run_id, kind="llm").order_by("-index").first()
         if last is None:
@@ -329,7 +333,7 @@ class Execution(ToolPhase):
             consumed_inputs=inputs,
         )
         signals.step_saved.send(Run, run_id=self.claim.run_id, steps=[llm])
-        if store.pending_inputs(self.claim.run_id):
+        if queries.pending_inputs(self.claim.run_id):
             # Input arrived while the model answered: it gets another turn to take it into account.
             return messages, index + 1
         try:

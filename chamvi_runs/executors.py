@@ -71,9 +71,9 @@ def waiting_jobs() -> set[str]:
 
 
 def enqueue_next_in_line(run: Run) -> None:
-    from . import store
+    from . import queries
 
-    for run_id in store.next_in_line(run):
+    for run_id in queries.next_in_line(run):
         enqueue(run_id)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from . import store
+from . import queries, store
 from .agent import registry
 from .conf import conf
 from .errors import AgentNotFound, DecisionRefused
@@ -29,14 +29,14 @@ def tick_once() -> TickReport:
     report = TickReport()
     # The database is the truth; the queue is only a doorbell that may have been lost.
     waiting = waiting_jobs()
-    for run_id in store.runs_to_enqueue(stale_after_seconds=float(conf.LEASE_SECONDS)):
+    for run_id in queries.runs_to_enqueue(stale_after_seconds=float(conf.LEASE_SECONDS)):
         if run_id not in waiting:
             enqueue(run_id)
             report.enqueued += 1
-    for waitpoint in store.expired_waitpoints():
+    for waitpoint in queries.expired_waitpoints():
         if _expire(waitpoint):
             report.expired += 1
-    for waitpoint in store.unnotified_waitpoints():
+    for waitpoint in queries.unnotified_waitpoints():
         if _renotify(waitpoint):
             report.notified += 1
     return report

@@ -9,7 +9,7 @@ import time
 
 from django.db import connection
 
-from . import store
+from . import queries, store
 from .conf import conf
 from .core.types import AbortSignal
 from .store import Claim
@@ -41,7 +41,7 @@ class LeaseKeeper(threading.Thread):
                 if self.deadline is not None and now >= self.deadline:
                     self.abort.set("timeout")
                 try:
-                    if store.cancel_requested(self.claim.run_id):
+                    if queries.cancel_requested(self.claim.run_id):
                         self.abort.set("cancel")
                     if now - renewed_at >= heartbeat:
                         if not store.renew(self.claim, lease):

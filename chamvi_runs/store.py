@@ -95,19 +95,28 @@ def create_run(**fields: Any) -> tuple[Run, bool]:
 # --- claiming ----------------------------------------------------------------------------------
 
 
+def waits_for_elder(field_name: str) -> Exists:
+    """Another run of the same concurrency key (or thread) is active, or queued and older. Creation
+    order is total (ties broken by id), so of two racing claims at most one sees no elder."""
+    elder = Q(created_at__lt=OuterRef("created_at")) | Q(
+        created_at=OuterRef("created_at"), id__lt=OuterRef("id")
+    )
+    return Exists(
+        Run.objects.filter(**{field_name: OuterRef(field_name)})
+        .exclude(pk=OuterRef("pk"))
+        .filter(
+            Q(status__in=[Status.RUNNING, Status.WAITING, Status.INTERRUPTED])
+            | (Q(status=Status.QUEUED) & elder)
+        )
+    )
+
+
 def _blocked(run: Run) -> bool:
-    """A queued run waits while an older run of its concurrency key or thread is queued or active.
-    Creation order is total (ties broken by id), so of two racing claims at most one sees no elder."""
-    for field_name in ("concurrency_key", "thread"):
-        value = getattr(run, field_name)
-        if not value:
-            continue
-        elder = Q(created_at__lt=run.created_at) | Q(created_at=run.created_at, id__lt=run.id)
-        others = Run.objects.filter(**{field_name: value}).exclude(pk=run.pk)
-        active = Q(status__in=[Status.RUNNING, Status.WAITING, Status.INTERRUPTED])
-        if others.filter(active | (Q(status=Status.QUEUED) & elder)).exists():
-            return True
-    return False
+    return (
+        Run.objects.filter(pk=run.pk)
+        .filter(waits_for_elder("concurrency_key") | waits_for_elder("thread"))
+        .exists()
+    )
 
 
 def claim(run_id: str, owner: str, lease_seconds: float) -> Claim | None:
@@ -145,10 +154,6 @@ def claim(run_id: str, owner: str, lease_seconds: float) -> Claim | None:
 def renew(claim: Claim, lease_seconds: float) -> bool:
     """Extend the lease. False: the claim is lost (someone else holds the run, or it settled)."""
     return bool(Run.objects.filter(_held(claim)).update(claim_expires_at=_in_seconds(lease_seconds)))
-
-
-def cancel_requested(run_id: str) -> bool:
-    return Run.objects.filter(pk=run_id, cancel_requested=True).exists()
 
 
 # --- writing an execution's progress -----------------------------------------------------------
@@ -364,10 +369,6 @@ def add_input(run_id: str, payload: Any) -> RunInput:
         return RunInput.objects.create(run_id=run_id, payload=payload)
 
 
-def pending_inputs(run_id: str) -> list[RunInput]:
-    return list(RunInput.objects.filter(run_id=run_id, consumed_step__isnull=True))
-
-
 def decide(
     approval_id: str, decision: str, *, by: Any = None, reason: str = "", token: str | None = None
 ) -> WaitPoint:
@@ -469,76 +470,4 @@ def effect_record(claim: Claim, key: str) -> EffectRecord | None:
 def record_effect(claim: Claim, key: str, tool_name: str, tool_input: Any, output: Any, error: str) -> None:
     EffectRecord.objects.create(
         run_id=claim.run_id, key=key, tool_name=tool_name, input=tool_input, output=output, error=error
-    )
-
-
-# --- janitor -----------------------------------------------------------------------------------
-
-
-def _waits_for_elder(field_name: str) -> Exists:
-    """A run of the same key or thread that is active, or queued and older."""
-    return Exists(
-        Run.objects.filter(**{field_name: OuterRef(field_name)})
-        .exclude(pk=OuterRef("pk"))
-        .filter(
-            Q(status__in=[Status.RUNNING, Status.WAITING, Status.INTERRUPTED])
-            | Q(status=Status.QUEUED, created_at__lt=OuterRef("created_at"))
-        )
-    )
-
-
-def runs_to_enqueue(stale_after_seconds: float) -> list[str]:
-    """Runs a worker should pick up: expired claims, released running runs, and queued or
-    interrupted runs untouched for a while (their job may have been lost with Redis). A queued run
-    behind an elder of its concurrency key or thread is left out: the elder's settle admits it."""
-    quiet = Q(
-        updated_at__lt=ExpressionWrapper(
-            Now() - Value(timedelta(seconds=stale_after_seconds)), output_field=DateTimeField()
-        )
-    )
-    admissible = ~Q(status=Status.QUEUED) | (
-        ~_waits_for_elder("concurrency_key") & ~_waits_for_elder("thread")
-    )
-    return list(
-        Run.objects.filter(
-            Q(status=Status.RUNNING, claim_expires_at__lt=Now())
-            | (Q(status=Status.RUNNING, claim_owner__isnull=True) & quiet)
-            | (Q(status__in=[Status.QUEUED, Status.INTERRUPTED]) & quiet)
-        )
-        .filter(admissible)
-        .order_by("created_at")
-        .values_list("pk", flat=True)[:500]
-    )
-
-
-def next_in_line(run: Run) -> list[str]:
-    """The oldest queued run of each concurrency key and thread this run was holding."""
-    ids = []
-    for field_name in ("concurrency_key", "thread"):
-        value = getattr(run, field_name)
-        if value:
-            first = (
-                Run.objects.filter(**{field_name: value}, status=Status.QUEUED)
-                .order_by("created_at", "id")
-                .values_list("pk", flat=True)
-                .first()
-            )
-            if first:
-                ids.append(first)
-    return ids
-
-
-def expired_waitpoints() -> list[WaitPoint]:
-    return list(
-        WaitPoint.objects.filter(
-            decision__isnull=True, expires_at__lt=timezone.now(), run__status=Status.WAITING
-        ).select_related("run")[:500]
-    )
-
-
-def unnotified_waitpoints() -> list[WaitPoint]:
-    return list(
-        WaitPoint.objects.filter(
-            decision__isnull=True, notified_at__isnull=True, run__status=Status.WAITING
-        ).select_related("run")[:500]
     )

@@ -10,7 +10,7 @@ import pytest
 from django.db import connection, transaction
 from django.db.models import F
 
-from chamvi_runs import cancel_run, send_input, start_run, store
+from chamvi_runs import cancel_run, queries, send_input, start_run, store
 from chamvi_runs.core.messages import open_tool_calls
 from chamvi_runs.errors import LeaseLostError
 from chamvi_runs.janitor import tick_once
@@ -258,7 +258,7 @@ def test_a_thread_never_runs_two_runs_at_once(server):
     held = store.claim(first.pk, "w", 5)
     assert store.claim(second.pk, "w", 5) is None
     store.settle(held, "completed", output="done")
-    assert store.next_in_line(Run.objects.get(pk=first.pk)) == [second.pk]
+    assert queries.next_in_line(Run.objects.get(pk=first.pk)) == [second.pk]
     assert store.claim(second.pk, "w", 5) is not None
 
 

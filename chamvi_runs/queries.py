@@ -1,0 +1,76 @@
+"""Read-only selections of run state, for executions and the janitor. Writes live in ``store``."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.db.models import DateTimeField, ExpressionWrapper, Q, Value
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from .core.states import Status
+from .models import Run, RunInput, WaitPoint
+from .store import waits_for_elder
+
+
+def cancel_requested(run_id: str) -> bool:
+    return Run.objects.filter(pk=run_id, cancel_requested=True).exists()
+
+
+def pending_inputs(run_id: str) -> list[RunInput]:
+    return list(RunInput.objects.filter(run_id=run_id, consumed_step__isnull=True))
+
+
+def runs_to_enqueue(stale_after_seconds: float) -> list[str]:
+    """Runs a worker should pick up: expired claims, released running runs, and queued or
+    interrupted runs untouched for a while (their job may have been lost with Redis). A queued run
+    behind an elder of its concurrency key or thread is left out: the elder's settle admits it."""
+    quiet = Q(
+        updated_at__lt=ExpressionWrapper(
+            Now() - Value(timedelta(seconds=stale_after_seconds)), output_field=DateTimeField()
+        )
+    )
+    admissible = ~Q(status=Status.QUEUED) | (~waits_for_elder("concurrency_key") & ~waits_for_elder("thread"))
+    return list(
+        Run.objects.filter(
+            Q(status=Status.RUNNING, claim_expires_at__lt=Now())
+            | (Q(status=Status.RUNNING, claim_owner__isnull=True) & quiet)
+            | (Q(status__in=[Status.QUEUED, Status.INTERRUPTED]) & quiet)
+        )
+        .filter(admissible)
+        .order_by("created_at")
+        .values_list("pk", flat=True)[:500]
+    )
+
+
+def next_in_line(run: Run) -> list[str]:
+    """The oldest queued run of each concurrency key and thread this run was holding."""
+    ids = []
+    for field_name in ("concurrency_key", "thread"):
+        value = getattr(run, field_name)
+        if value:
+            first = (
+                Run.objects.filter(**{field_name: value}, status=Status.QUEUED)
+                .order_by("created_at", "id")
+                .values_list("pk", flat=True)
+                .first()
+            )
+            if first:
+                ids.append(first)
+    return ids
+
+
+def expired_waitpoints() -> list[WaitPoint]:
+    return list(
+        WaitPoint.objects.filter(
+            decision__isnull=True, expires_at__lt=timezone.now(), run__status=Status.WAITING
+        ).select_related("run")[:500]
+    )
+
+
+def unnotified_waitpoints() -> list[WaitPoint]:
+    return list(
+        WaitPoint.objects.filter(
+            decision__isnull=True, notified_at__isnull=True, run__status=Status.WAITING
+        ).select_related("run")[:500]
+    )
