@@ -253,6 +253,7 @@ class EventWriter:
                     item.set()
 
     def _write(self, items: list[tuple[Any, str, dict[str, Any], list[str]]]) -> None:
+        items = _coalesce(items)
         # Consecutive items of one log go out in one batch; logs differ only when settings change.
         start = 0
         while start < len(items):
@@ -270,6 +271,29 @@ class EventWriter:
                 for group in groups:
                     publisher.send(group, message)
             start = end
+
+
+def _coalesce(
+    items: list[tuple[Any, str, dict[str, Any], list[str]]],
+) -> list[tuple[Any, str, dict[str, Any], list[str]]]:
+    """Merge deltas that queued up back to back for the same run, step, attempt and kind. When the
+    model streams faster than events are published, clients get fewer, larger deltas; their text
+    still concatenates to the step's text, in order."""
+    merged: list[tuple[Any, str, dict[str, Any], list[str]]] = []
+    for item in items:
+        log, run_id, event, groups = item
+        if merged and event.get("type") == "delta":
+            last_log, last_run, last_event, _ = merged[-1]
+            if (
+                last_log is log
+                and last_run == run_id
+                and last_event.get("type") == "delta"
+                and all(last_event.get(k) == event.get(k) for k in ("step", "attempt", "kind"))
+            ):
+                merged[-1] = (log, run_id, {**last_event, "text": last_event["text"] + event["text"]}, groups)
+                continue
+        merged.append(item)
+    return merged
 
 
 writer = EventWriter()

@@ -112,6 +112,8 @@ def waits_for_elder(field_name: str) -> Exists:
 
 
 def _blocked(run: Run) -> bool:
+    if not run.concurrency_key and not run.thread:
+        return False
     return (
         Run.objects.filter(pk=run.pk)
         .filter(waits_for_elder("concurrency_key") | waits_for_elder("thread"))
