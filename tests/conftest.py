@@ -56,17 +56,26 @@ def redis():
     yield connection
 
 
+def _wipe_redis() -> None:
+    import django_rq
+
+    connection = django_rq.get_connection("chamvi")
+    for pattern in ("chamvi:*", "rq:*"):
+        for key in connection.scan_iter(pattern):
+            connection.delete(key)
+
+
 @pytest.fixture(autouse=True)
 def _clean_redis(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Tests that use the database start and end with no job, event or worker of ours in Redis."""
+    uses_db = request.node.get_closest_marker("django_db") or {"db", "transactional_db"} & set(
+        request.fixturenames
+    )
+    if uses_db:
+        _wipe_redis()
     yield
-    if "db" in request.fixturenames or "transactional_db" in request.fixturenames:
-        import django_rq
-
-        connection = django_rq.get_connection("chamvi")
-        for key in connection.scan_iter("chamvi:*"):
-            connection.delete(key)
-        for key in connection.scan_iter("rq:*"):
-            connection.delete(key)
+    if uses_db:
+        _wipe_redis()
 
 
 @pytest.fixture

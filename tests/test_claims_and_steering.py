@@ -378,3 +378,32 @@ def test_a_worker_whose_renewals_fail_stops_before_its_lease_runs_out(server, mo
     assert took < lease, f"the execution ran {took:.1f}s on a lease of {lease}s it could not renew"
     run.refresh_from_db()
     assert run.status == "running" and not Step.objects.filter(run=run).exists()
+
+
+def test_a_step_longer_than_the_lease_keeps_its_claim(server, settings):
+    lease = settings.CHAMVI_RUNS["LEASE_SECONDS"]
+    server.script(
+        "m-basic",
+        [
+            Reply(
+                text("thinking "),
+                delay(lease + 1),
+                tool_call("c1", "slow", f'{{"seconds": {lease + 1}}}'),
+                finish("tool_calls"),
+            ),
+            Reply(text("done"), finish("stop")),
+        ],
+    )
+    run = execute(start_run("basic", "x"))
+    assert run.status == "completed" and run.attempt == 1, "the heartbeat renewed through stream and tool"
+
+
+def test_jobs_are_json_and_carry_only_the_run_id(redis):
+    import json
+    import zlib
+
+    run = start_run("basic", "x")
+    job_ids = redis.lrange("rq:queue:chamvi", 0, -1)
+    assert len(job_ids) == 1
+    data = zlib.decompress(redis.hget(f"rq:job:{job_ids[0].decode()}", "data"))  # RQ compresses job data
+    assert json.loads(data)[2:] == [[run.pk], {}], "function, instance, args, kwargs as JSON"
