@@ -199,7 +199,7 @@ class Execution(ToolPhase):
         messages, index = self.start_point()
         tools = agent.assemble_tools(ctx)
         if open_tool_calls(messages):
-            messages, index = self.resume_calls(agent, ctx, tools, messages, index)
+            messages, index = self.resume_calls(agent, tools, messages, index)
         elif index > 0:
             self.settle_saved_ending(agent, messages)
         while True:
@@ -306,10 +306,9 @@ class Execution(ToolPhase):
             messages = [*messages, turn.assistant_message()]
             steps = [llm]
             calls = [c.as_message_part() for c in turn.tool_calls]
-            outcome = self.answer_calls(
-                agent, ctx, tools, calls, messages, steps, llm_index=index, usage=turn.usage, inputs=inputs
+            messages, steps = self.answer_calls(
+                agent, tools, calls, messages, steps, llm_index=index, usage=turn.usage, inputs=inputs
             )
-            messages, steps = outcome
             store.save_step(
                 self.claim,
                 steps,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.utils import timezone
@@ -63,7 +63,7 @@ class ToolPhase:
             )
 
     def resume_calls(
-        self, agent: Agent, ctx: RunContext, tools: dict[str, Tool], messages: list[Message], index: int
+        self, agent: Agent, tools: dict[str, Tool], messages: list[Message], index: int
     ) -> tuple[list[Message], int]:
         """The checkpoint ends on tool calls without results: an approval was asked for. Undecided:
         back to waiting, no model call. Decided: the approved call runs, then the calls after it."""
@@ -83,16 +83,8 @@ class ToolPhase:
             .values_list("index", flat=True)
             .first()
         ) or 0
-        steps: list[StepRecord] = []
         messages, steps = self.answer_calls(
-            agent,
-            ctx,
-            tools,
-            open_tool_calls(messages),
-            messages,
-            steps,
-            llm_index=llm_index,
-            next_index=index,
+            agent, tools, open_tool_calls(messages), messages, [], llm_index=llm_index, next_index=index
         )
         if steps:
             store.save_step(self.claim, steps, messages)
@@ -103,7 +95,6 @@ class ToolPhase:
     def answer_calls(
         self,
         agent: Agent,
-        ctx: RunContext,
         tools: dict[str, Tool],
         calls: list[dict[str, Any]],
         messages: list[Message],
@@ -112,63 +103,28 @@ class ToolPhase:
         llm_index: int,
         next_index: int | None = None,
         usage: Usage = NO_USAGE,
-        inputs: list[str] = (),  # type: ignore[assignment]
+        inputs: Sequence[str] = (),
     ) -> tuple[list[Message], list[StepRecord]]:
         """Run each call in order, answering it in ``messages``. A call that needs approval stops
         here: its wait point is opened (with everything so far) and the execution ends waiting."""
         index = next_index if next_index is not None else steps[-1].index + 1
         assistant = next(m for m in reversed(messages) if m.get("role") == "assistant")
         positions = {c["id"]: n for n, c in enumerate(assistant.get("tool_calls") or [])}
-        decided = {
-            w.tool_call_id: w.decision
-            for w in WaitPoint.objects.filter(run_id=self.claim.run_id, decision=WaitPoint.Decision.APPROVED)
-        }
+        approved = set(
+            WaitPoint.objects.filter(
+                run_id=self.claim.run_id, decision=WaitPoint.Decision.APPROVED
+            ).values_list("tool_call_id", flat=True)
+        )
         for call in calls:
             if self.abort.reason == "lease_lost":
                 # Another worker may hold the run now: run nothing more. (Cancel and drain let the
                 # step's tools finish, so that its writes can complete.)
                 raise LeaseLostError(f"run {self.claim.run_id}: lease lost between tool calls")
             name, raw = call["function"]["name"], call["function"].get("arguments") or ""
-            tool = tools.get(name)
             started = timezone.now()
-            if tool is None:
-                error = f"invalid call: there is no tool named {name!r}"
-                arguments: Any = _loads(raw)
-            else:
-                try:
-                    arguments = tool.validate(raw)
-                    error = ""
-                except ToolArgumentsError as exc:
-                    arguments, error = _loads(raw), f"invalid call: {exc}"
-            if not error and tool is not None and call["id"] not in decided:
-                call_ctx = RunContext(
-                    run=self.run_row, agent=agent, abort=self.abort, step_index=index, tool_call_id=call["id"]
-                )
-                if agent.needs_approval(name, arguments, call_ctx):
-                    self.open_wait(
-                        agent,
-                        call,
-                        name,
-                        arguments,
-                        messages,
-                        [
-                            *steps,
-                            StepRecord(
-                                index=index,
-                                kind="wait",
-                                name=name,
-                                input=to_jsonable(arguments),
-                                started_at=started,
-                            ),
-                        ],
-                        usage=usage,
-                        model_calls=1 if any(s.kind == "llm" for s in steps) else 0,
-                        inputs=inputs,
-                    )
-            # A call that waits for approval is announced by run.waiting, and by tool.call once it runs.
-            self.emit("tool.call", step=index, tool_call_id=call["id"], name=name, input=_loads(raw))
+            tool, arguments, error = _parse(tools, name, raw)
             output: Any = None
-            if not error and tool is not None:
+            if tool is not None:
                 key = f"{self.claim.run_id}:{llm_index}:{positions.get(call['id'], 0)}:{name}"
                 call_ctx = RunContext(
                     run=self.run_row,
@@ -178,22 +134,40 @@ class ToolPhase:
                     tool_call_id=call["id"],
                     idempotency_key=key if tool.effect else None,
                 )
+                if call["id"] not in approved and agent.needs_approval(name, arguments, call_ctx):
+                    wait = StepRecord(
+                        index=index, kind="wait", name=name, input=to_jsonable(arguments), started_at=started
+                    )
+                    self.open_wait(
+                        agent,
+                        call,
+                        name,
+                        arguments,
+                        messages,
+                        [*steps, wait],
+                        usage=usage,
+                        model_calls=1 if any(s.kind == "llm" for s in steps) else 0,
+                        inputs=inputs,
+                    )
+            # A call that waits for approval is announced by run.waiting, and here once it runs.
+            self.emit("tool.call", step=index, tool_call_id=call["id"], name=name, input=_loads(raw))
+            if tool is not None:
                 output, error = self.invoke(tool, call_ctx, arguments)
-            step = StepRecord(
-                index=index,
-                kind="tool",
-                name=name,
-                input=to_jsonable(arguments),
-                output=output,
-                error=error,
-                started_at=started,
-            )
-            steps = [*steps, step]
+            steps = [
+                *steps,
+                StepRecord(
+                    index=index,
+                    kind="tool",
+                    name=name,
+                    input=to_jsonable(arguments),
+                    output=output,
+                    error=error,
+                    started_at=started,
+                ),
+            ]
             messages = [*messages, tool_result(call["id"], _result_text(output, error))]
-            if error:
-                self.emit("tool.result", step=index, tool_call_id=call["id"], name=name, error=error)
-            else:
-                self.emit("tool.result", step=index, tool_call_id=call["id"], name=name, output=output)
+            result = {"error": error} if error else {"output": output}
+            self.emit("tool.result", step=index, tool_call_id=call["id"], name=name, **result)
             index += 1
         return messages, steps
 
@@ -246,6 +220,17 @@ class ToolPhase:
         signals.run_waiting.send(Run, run=run, waitpoint=waitpoint)
         notify(agent, run, waitpoint)
         raise Settled(Status.WAITING)
+
+
+def _parse(tools: dict[str, Tool], name: str, raw: str) -> tuple[Tool | None, Any, str]:
+    """The tool and its validated arguments; or no tool, the raw arguments and why the call is invalid."""
+    tool = tools.get(name)
+    if tool is None:
+        return None, _loads(raw), f"invalid call: there is no tool named {name!r}"
+    try:
+        return tool, tool.validate(raw), ""
+    except ToolArgumentsError as exc:
+        return None, _loads(raw), f"invalid call: {exc}"
 
 
 def _loads(raw: str) -> Any:
