@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import re
 import threading
@@ -126,6 +128,12 @@ class Agent:
         return bool(rule(arguments, ctx)) if callable(rule) else bool(rule)
 
     def response_format(self) -> dict[str, Any] | None:
+        """The ``response_format`` for structured output (a fresh copy: callers may change it)."""
+        return copy.deepcopy(self._response_format)
+
+    @functools.cached_property
+    def _response_format(self) -> dict[str, Any] | None:
+        # A pydantic JSON schema is costly to build and the agent's output never changes.
         if self.output is None:
             return None
         if isinstance(self.output, dict):

@@ -81,6 +81,9 @@ class Execution(ToolPhase):
         self.broadcaster = ChannelsBroadcaster(self.run_row.thread)
         self.artifacts = ArtifactReader()
         self.invalid_streak = 0
+        # Budgets count across executions: start from what earlier ones used.
+        self.model_calls = self.run_row.model_calls
+        self.tokens = self.run_row.input_tokens + self.run_row.output_tokens
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -204,10 +207,9 @@ class Execution(ToolPhase):
             self.settle_saved_ending(agent, messages)
         while True:
             self.stop_if_aborted()
-            run = Run.objects.only("model_calls", "input_tokens", "output_tokens").get(pk=self.claim.run_id)
-            if agent.budget.steps_exhausted(run.model_calls):
+            if agent.budget.steps_exhausted(self.model_calls):
                 self.fail_budget(f"max_steps={agent.budget.max_steps} model calls used")
-            if agent.budget.tokens_exhausted(run.input_tokens + run.output_tokens):
+            if agent.budget.tokens_exhausted(self.tokens):
                 self.fail_budget(f"max_tokens={agent.budget.max_tokens} tokens used")
             inputs = queries.pending_inputs(self.claim.run_id)
             for item in inputs:
@@ -309,29 +311,11 @@ class Execution(ToolPhase):
             messages, steps = self.answer_calls(
                 agent, tools, calls, messages, steps, llm_index=index, usage=turn.usage, inputs=inputs
             )
-            store.save_step(
-                self.claim,
-                steps,
-                messages,
-                finish_reason=turn.finish_reason or "",
-                usage=turn.usage,
-                model_calls=1,
-                consumed_inputs=inputs,
-            )
-            signals.step_saved.send(Run, run_id=self.claim.run_id, steps=steps)
+            self.save_model_step(steps, messages, turn, inputs)
             self.after_tools(agent, steps)
             return messages, steps[-1].index + 1
         messages = [*messages, turn.assistant_message()]
-        store.save_step(
-            self.claim,
-            [llm],
-            messages,
-            finish_reason=turn.finish_reason or "",
-            usage=turn.usage,
-            model_calls=1,
-            consumed_inputs=inputs,
-        )
-        signals.step_saved.send(Run, run_id=self.claim.run_id, steps=[llm])
+        self.save_model_step([llm], messages, turn, inputs)
         if queries.pending_inputs(self.claim.run_id):
             # Input arrived while the model answered: it gets another turn to take it into account.
             return messages, index + 1
@@ -342,6 +326,25 @@ class Execution(ToolPhase):
         self.settle(Status.COMPLETED, output=output)
         raise AssertionError("unreachable")
 
+    def save_model_step(
+        self, steps: list[StepRecord], messages: list[Message], turn: ModelTurn, inputs: list[str]
+    ) -> None:
+        """Steps, checkpoint and usage of one model call, in one transaction; the budget counters
+        follow in memory (this execution is the run's only writer while it holds the claim)."""
+        finish = steps[0].output["finish_reason"]  # steps[0] is the model call's llm step
+        store.save_step(
+            self.claim,
+            steps,
+            messages,
+            finish_reason=finish or "",
+            usage=turn.usage,
+            model_calls=1,
+            consumed_inputs=inputs,
+        )
+        self.model_calls += 1
+        self.tokens += turn.usage.total
+        signals.step_saved.send(Run, run_id=self.claim.run_id, steps=steps)
+
     def fail_turn(self, turn: ModelTurn, llm: StepRecord, messages: list[Message], inputs: list[str]) -> Any:
         # The text so far is kept; tool calls of a broken turn never run.
         if turn.error is None:
@@ -349,17 +352,7 @@ class Execution(ToolPhase):
             code, detail = ErrorCode.INCOMPLETE_RESPONSE, llm.error
         else:
             code, detail = ErrorCode.MODEL_ERROR, turn.error
-        history = [*messages, turn.assistant_message(with_tool_calls=False)]
-        store.save_step(
-            self.claim,
-            [llm],
-            history,
-            finish_reason=llm.output["finish_reason"] or "",
-            usage=turn.usage,
-            model_calls=1,
-            consumed_inputs=inputs,
-        )
-        signals.step_saved.send(Run, run_id=self.claim.run_id, steps=[llm])
+        self.save_model_step([llm], [*messages, turn.assistant_message(with_tool_calls=False)], turn, inputs)
         self.emit(
             "step.end", step=llm.index, attempt=self.claim.attempt, finish_reason=llm.output["finish_reason"]
         )

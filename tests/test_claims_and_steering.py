@@ -407,3 +407,28 @@ def test_jobs_are_json_and_carry_only_the_run_id(redis):
     assert len(job_ids) == 1
     data = zlib.decompress(redis.hget(f"rq:job:{job_ids[0].decode()}", "data"))  # RQ compresses job data
     assert json.loads(data)[2:] == [[run.pk], {}], "function, instance, args, kwargs as JSON"
+
+
+def test_budgets_count_the_model_calls_of_earlier_executions(server):
+    run = start_run("limited", "x")  # max_steps=2
+    earlier = store.claim(run.pk, "earlier-worker", 30)
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+    store.save_step(
+        earlier,
+        [
+            StepRecord(
+                index=0, kind="llm", output={"text": "", "tool_calls": [call], "finish_reason": "tool_calls"}
+            ),
+            StepRecord(index=1, kind="tool", name="add", input={"a": 1, "b": 2}, output=3),
+        ],
+        [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "3"},
+        ],
+        model_calls=1,
+    )
+    _expire(run.pk)
+    server.script("m-limited", [Reply(tool_call("c2", "add", '{"a": 3, "b": 3}'), finish("tool_calls"))])
+    run = execute(run)
+    assert (run.status, run.error_code, run.model_calls) == ("failed", "budget_exceeded", 2)
