@@ -136,25 +136,25 @@ class Publisher:
         """Publish on the running loop from now on (call it from that loop: the ASGI server's)."""
         loop = asyncio.get_running_loop()
         with self._lock:
-            if self._loop is loop:
-                return
-            # Anything queued on a previous private loop is still delivered there.
-            self._loop = loop
-            self._queue = asyncio.Queue()
-            # The loop keeps only a weak reference to its tasks.
-            self._task = loop.create_task(self._drain(self._queue))
+            if self._loop is not loop:
+                # Anything queued on a previous private loop is still delivered there.
+                self._attach(loop)
+
+    def _attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run on ``loop``'s thread: a queue and the task that drains it, bound to that loop."""
+        self._loop = loop
+        self._queue = asyncio.Queue()
+        # The loop keeps only a weak reference to its tasks.
+        self._task = loop.create_task(self._drain(self._queue))
 
     def _start_on(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
         ready = threading.Event()
 
-        def create() -> None:
-            self._queue = asyncio.Queue()
-            # The loop keeps only a weak reference to its tasks.
-            self._task = loop.create_task(self._drain(self._queue))
+        def attach() -> None:
+            self._attach(loop)
             ready.set()
 
-        loop.call_soon_threadsafe(create)
+        loop.call_soon_threadsafe(attach)
         ready.wait(5)
 
     def _ensure(self) -> asyncio.AbstractEventLoop:

@@ -45,29 +45,42 @@ def _tags(runs: dict[str, str]) -> dict[str, str]:
     return {run_id: tag for tag, run_id in runs.items()}
 
 
-def test_random_sigkills_lose_nothing_and_repeat_at_most_the_step_in_flight(model, pool, record):
+def _signal_in_batches(
+    pool, batches: int, runs_per_batch: int, signals_per_batch: int, sig: int
+) -> tuple[dict[str, str], Counter[str], int]:
+    """Start batches of runs and send ``sig`` to a random worker at random moments; every run
+    a victim held at that moment counts one fault. Returns the runs, the faults and the signals."""
     all_runs: dict[str, str] = {}
     faults: Counter[str] = Counter()
-    kills = 0
-    for _ in range(10 * SCALE):
+    sent = 0
+    for _ in range(batches):
         pool.ensure(2)
-        runs = start_tagged(5)
+        runs = start_tagged(runs_per_batch)
         by_id = _tags(runs)
-        for _ in range(2):  # two kills per batch, at independent random moments
+        for _ in range(signals_per_batch):
             pool.ensure(2)
             victim = random.choice(pool.alive())
+            # Before RQ installs its handlers, SIGTERM simply ends the process (no run held yet).
+            wait_for(victim.ready, 30, victim.output)
             time.sleep(random.uniform(0.05, 1.0))
             held = _held_by(victim.pid)
-            victim.signal(signal.SIGKILL)
-            victim.wait(10)
-            kills += 1
+            victim.signal(sig)
+            code = victim.wait(20)
+            if sig == signal.SIGTERM:
+                assert code == 0, victim.output()[-3000:]
+            sent += 1
             for run in held:
                 faults[by_id.get(run.pk, "?")] += 1
         recover(runs.values(), pool)
         all_runs.update(runs)
-    report = check(all_runs, model, pool, faults)
+    return all_runs, faults, sent
+
+
+def test_random_sigkills_lose_nothing_and_repeat_at_most_the_step_in_flight(model, pool, record):
+    runs, faults, kills = _signal_in_batches(pool, 10 * SCALE, 5, 2, signal.SIGKILL)
+    report = check(runs, model, pool, faults)
     record("random SIGKILL", report, kills=kills, runs_hit=sum(faults.values()))
-    assert report.completed == len(all_runs)
+    assert report.completed == len(runs)
 
 
 def test_recovery_time_after_a_sigkill_with_test_lease_settings(model, pool, server, record):
@@ -208,25 +221,8 @@ def test_cancel_racing_completion_ends_in_one_status_that_the_final_event_tells(
 
 
 def test_drain_at_random_moments_loses_nothing(model, pool, record):
-    all_runs: dict[str, str] = {}
-    faults: Counter[str] = Counter()
-    drains = 0
-    for _ in range(4 * SCALE):
-        pool.ensure(2)
-        runs = start_tagged(3)
-        victim = random.choice(pool.alive())
-        # Before RQ installs its handlers, SIGTERM simply ends the process (no run held yet).
-        wait_for(victim.ready, 30, victim.output)
-        time.sleep(random.uniform(0.1, 1.0))
-        held = _held_by(victim.pid)
-        victim.signal(signal.SIGTERM)
-        assert victim.wait(20) == 0, victim.output()[-3000:]
-        drains += 1
-        for run in held:
-            faults[_tags(runs).get(run.pk, "?")] += 1
-        recover(runs.values(), pool)
-        all_runs.update(runs)
-    report = check(all_runs, model, pool, faults)
+    runs, faults, drains = _signal_in_batches(pool, 4 * SCALE, 3, 1, signal.SIGTERM)
+    report = check(runs, model, pool, faults)
     record("SIGTERM drain", report, drains=drains)
 
 
