@@ -11,22 +11,37 @@ from django.utils import timezone
 from . import store
 from .agent import registry
 from .conf import conf
+from .core.nul import has_nul
 from .core.states import Status
-from .errors import InvalidPayload, RunNotFound
+from .errors import InvalidPayload, RunNotFound, ThreadForbidden
 from .executors import enqueue
 from .lifecycle import announce_settled
 from .models import Artifact, Run, RunInput, WaitPoint
+from .policy import policy
 
 
 def check_payload(payload: Any, what: str = "payload") -> None:
-    """Raise InvalidPayload unless ``payload`` is JSON data within ``MAX_PAYLOAD_BYTES``."""
+    """Raise InvalidPayload unless ``payload`` is JSON data within ``MAX_PAYLOAD_BYTES`` that
+    PostgreSQL can store: no NUL character in any string or key (jsonb refuses it)."""
     try:
         encoded = json.dumps(payload, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidPayload(f"{what} must be JSON data: {exc}") from None
     limit = int(conf.MAX_PAYLOAD_BYTES)
     if len(encoded.encode()) > limit:
         raise InvalidPayload(f"{what} is larger than {limit} bytes", too_large=True)
+    if has_nul(payload):
+        raise InvalidPayload(f"{what} must not contain NUL characters (\\u0000)")
+
+
+def check_name(value: Any, what: str) -> None:
+    """Thread names, concurrency keys and trigger ids: non-empty strings that a database can store."""
+    if value is None:
+        return
+    if not isinstance(value, str) or not value or len(value) > 200:
+        raise InvalidPayload(f"{what} must be a non-empty string of at most 200 characters")
+    if has_nul(value):
+        raise InvalidPayload(f"{what} must not contain NUL characters")
 
 
 def start_run(
@@ -41,14 +56,23 @@ def start_run(
     attachments: list[Artifact | str] | None = None,
     created_by: Any = None,
     id: str | None = None,
+    scope: str = "",
 ) -> Run:
     """Create a run and enqueue it after the surrounding transaction commits. Starting the same agent
-    twice with the same ``id`` (trigger envelope id) returns the first run."""
+    twice with the same ``id`` (trigger envelope id) in the same ``scope`` returns the first run.
+
+    ``scope`` namespaces ``id`` and ``concurrency_key``: empty (the default) is global, on purpose,
+    for code; the HTTP API passes the policy's scope of the caller. A ``thread`` belongs to the
+    creator of its first run: joining one whose history ``created_by`` may not view raises
+    ThreadForbidden, and nothing is created."""
     registry.get(agent)
     check_payload(payload)
     if keys is not None and not isinstance(keys, dict):
         raise InvalidPayload("keys must be an object")
     check_payload(keys, "keys")
+    for value, what in ((thread, "thread"), (concurrency_key, "concurrency_key"), (id, "id")):
+        check_name(value, what)
+    creator = created_by if getattr(created_by, "pk", None) else None
     parts = []
     for item in attachments or []:
         artifact = item if isinstance(item, Artifact) else Artifact.objects.filter(pk=item).first()
@@ -66,13 +90,18 @@ def start_run(
         "attachments": parts,
     }
     with transaction.atomic():
+        if thread is not None:
+            owner = store.thread_for(thread, creator)
+            if not policy().can_view_thread(creator, owner):
+                raise ThreadForbidden(f"thread {thread!r} belongs to someone else")
         run, created = store.create_run(
             agent=agent,
             trigger=envelope,
             trigger_id=id,
+            scope=scope,
             concurrency_key=concurrency_key,
             thread=thread,
-            created_by=created_by if getattr(created_by, "pk", None) else None,
+            created_by=creator,
         )
         if created:
             enqueue(run.pk)
@@ -110,6 +139,8 @@ def deny(approval_id: str, *, by: Any = None, reason: str = "", token: str | Non
 
 def send_input(run_id: str, payload: Any) -> RunInput:
     """Steer an active run: ``payload`` becomes a user message before its next model call."""
+    if payload is None:
+        raise InvalidPayload("payload is required: null is not an input")
     check_payload(payload)
     item = store.add_input(run_id, payload)
     return item

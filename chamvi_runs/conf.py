@@ -20,6 +20,7 @@ DEFAULTS: dict[str, Any] = {
     "MAX_PAYLOAD_BYTES": 256 * 1024,
     "MODEL_BACKOFF_SECONDS": 0.5,
     "MAX_INVALID_TOOL_CALLS": 3,
+    "MAX_ATTEMPTS": 5,
     "MODEL": "chamvi_runs.llm_openai.OpenAIModel",
 }
 

@@ -23,6 +23,10 @@ class InvalidPayload(ChamviError, ValueError):
         self.too_large = too_large
 
 
+class ThreadForbidden(ChamviError, PermissionError):
+    """The thread belongs to someone whose history the caller may not view (HTTP 403)."""
+
+
 class LeaseLostError(ChamviError):
     """The execution no longer holds the run's claim: it stops and writes nothing more."""
 

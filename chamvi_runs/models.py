@@ -45,6 +45,13 @@ class Run(models.Model):
         blank=True,
         help_text="Envelope id: starting an agent twice with it is a no-op.",
     )
+    scope = models.CharField(
+        max_length=200,
+        blank=True,
+        default="",
+        help_text="Namespace of trigger_id and concurrency_key: empty is global (Python callers); "
+        "HTTP callers get the policy's scope for them, so users never share a key or trigger id.",
+    )
     concurrency_key = models.CharField(max_length=200, null=True, blank=True)
     thread = models.CharField(max_length=200, null=True, blank=True)
     output = models.JSONField(null=True, blank=True)
@@ -56,6 +63,11 @@ class Run(models.Model):
     claim_owner = models.CharField(max_length=200, null=True, blank=True)
     claim_expires_at = models.DateTimeField(null=True, blank=True)
     attempt = models.PositiveIntegerField(default=0, help_text="Fencing token: grows with every claim.")
+    stalled_executions = models.PositiveIntegerField(
+        default=0,
+        help_text="Executions in a row that ended without saving anything (their worker died); "
+        "MAX_ATTEMPTS of them fail the run with too_many_attempts.",
+    )
     cancel_requested = models.BooleanField(default=False)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -67,12 +79,13 @@ class Run(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        permissions = [("cancel_run", "Can cancel a run")]
         constraints = [
             models.CheckConstraint(
                 condition=Q(status__in=[s.value for s in Status]), name="chamvi_run_status_valid"
             ),
             models.UniqueConstraint(
-                fields=["agent", "trigger_id"],
+                fields=["agent", "scope", "trigger_id"],
                 condition=Q(trigger_id__isnull=False),
                 name="chamvi_run_unique_trigger_id",
             ),
@@ -83,7 +96,9 @@ class Run(models.Model):
         ]
         indexes = [
             models.Index(fields=["status", "claim_expires_at"], name="chamvi_run_claimable"),
-            models.Index(fields=["concurrency_key", "status", "created_at"], name="chamvi_run_concurrency"),
+            models.Index(
+                fields=["scope", "concurrency_key", "status", "created_at"], name="chamvi_run_concurrency"
+            ),
             models.Index(fields=["thread", "status", "created_at"], name="chamvi_run_thread"),
         ]
 
@@ -93,6 +108,20 @@ class Run(models.Model):
     @property
     def error(self) -> dict[str, str] | None:
         return {"code": self.error_code, "message": self.error_message} if self.error_code else None
+
+
+class Thread(models.Model):
+    """A conversation that runs continue. It belongs to the user who started its first run (no user
+    for runs started without ``created_by``); runs of other users may not join it (SPEC §3)."""
+
+    name = models.CharField(max_length=200, unique=True)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class Step(models.Model):
@@ -146,12 +175,22 @@ class WaitPoint(models.Model):
     kind = models.CharField(max_length=20, default="approval")
     approval_id = models.CharField(max_length=40, unique=True, default=new_approval_id, editable=False)
     step_index = models.PositiveIntegerField(help_text="The wait step that opened it.")
+    # An approval belongs to one call: its model call's step and its position in that call's
+    # tool_calls, bound to its exact arguments. The provider's call id is kept for the history only:
+    # providers reuse ids across turns.
+    model_step = models.PositiveIntegerField(default=0, help_text="The llm step whose call it decides.")
+    call_position = models.PositiveIntegerField(default=0, help_text="The call's position in that step.")
+    arguments_hash = models.CharField(max_length=64, blank=True, default="")
     tool_call_id = models.CharField(max_length=200)
     tool_name = models.CharField(max_length=200)
     input = models.JSONField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
     token_hash = models.CharField(max_length=64, blank=True, default="")
     notified_at = models.DateTimeField(null=True, blank=True)
+    notify_attempts = models.PositiveIntegerField(default=0)
+    next_notify_at = models.DateTimeField(
+        null=True, blank=True, help_text="No notifier call before this: one is in flight, or backing off."
+    )
     decision = models.CharField(max_length=10, choices=Decision.choices, null=True, blank=True)
     decided_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -169,6 +208,9 @@ class WaitPoint(models.Model):
         constraints = [
             models.UniqueConstraint(
                 fields=["run"], condition=Q(decision__isnull=True), name="chamvi_waitpoint_one_open_per_run"
+            ),
+            models.UniqueConstraint(
+                fields=["run", "model_step", "call_position"], name="chamvi_waitpoint_one_per_call"
             ),
             models.CheckConstraint(
                 condition=Q(decision__isnull=True) | Q(decision__in=["approved", "denied", "expired"]),

@@ -1,4 +1,5 @@
-"""Who may do what. Replace with ``CHAMVI_RUNS["POLICY"] = "myapp.policy.MyPolicy"`` (same methods)."""
+"""Who may do what. Replace with ``CHAMVI_RUNS["POLICY"] = "myapp.policy.MyPolicy"`` (same methods;
+subclass ``DefaultPolicy`` to change only some)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 from django.utils.module_loading import import_string
 
 from .conf import conf
-from .models import Run
+from .models import Run, Thread
 
 
 class DefaultPolicy:
@@ -18,18 +19,46 @@ class DefaultPolicy:
         return bool(user.is_authenticated and user.has_perm("chamvi_runs.add_run"))
 
     def can_view(self, user: Any, run: Run) -> bool:
-        return self._owner(user, run) or user.has_perm("chamvi_runs.view_run")
+        return self._owner(user, run) or bool(user.is_authenticated and user.has_perm("chamvi_runs.view_run"))
 
     def can_steer(self, user: Any, run: Run) -> bool:
-        """Send input to and cancel the run."""
-        return self._owner(user, run) or user.has_perm("chamvi_runs.change_run")
+        """Send input to the run."""
+        return self._owner(user, run) or bool(
+            user.is_authenticated and user.has_perm("chamvi_runs.change_run")
+        )
+
+    def can_cancel(self, user: Any, run: Run) -> bool:
+        return self._owner(user, run) or bool(
+            user.is_authenticated and user.has_perm("chamvi_runs.cancel_run")
+        )
 
     def can_decide(self, user: Any, run: Run) -> bool:
         return bool(user.is_authenticated and user.has_perm("chamvi_runs.approve_waitpoint"))
 
+    def can_view_thread(self, user: Any, thread: Thread) -> bool:
+        """View the thread's history, and so start runs in it. ``user`` None is code that started a
+        run without ``created_by``: it may join a thread of nobody's only."""
+        if user is None:
+            return thread.owner_id is None
+        if not user.is_authenticated:
+            return False
+        if thread.owner_id is not None and thread.owner_id == user.pk:
+            return True
+        return bool(user.has_perm("chamvi_runs.view_run"))
+
+    def scope(self, user: Any) -> str:
+        """The namespace of concurrency keys and trigger ids sent over HTTP by ``user``: users never
+        share one (return a tenant id here to let a team share its keys)."""
+        return f"user:{user.pk}"
+
     @staticmethod
     def _owner(user: Any, run: Run) -> bool:
-        return bool(user.is_authenticated and run.created_by_id is not None and run.created_by_id == user.pk)
+        return bool(
+            user is not None
+            and user.is_authenticated
+            and run.created_by_id is not None
+            and run.created_by_id == user.pk
+        )
 
 
 @cache

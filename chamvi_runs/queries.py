@@ -49,8 +49,9 @@ def next_in_line(run: Run) -> list[str]:
     for field_name in ("concurrency_key", "thread"):
         value = getattr(run, field_name)
         if value:
+            same = {field_name: value, **({"scope": run.scope} if field_name == "concurrency_key" else {})}
             first = (
-                Run.objects.filter(**{field_name: value}, status=Status.QUEUED)
+                Run.objects.filter(**same, status=Status.QUEUED)
                 .order_by("created_at", "id")
                 .values_list("pk", flat=True)
                 .first()

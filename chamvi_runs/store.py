@@ -31,7 +31,7 @@ from .core.states import CLAIMABLE, TERMINAL, Status, sources_of
 from .core.types import NO_USAGE, Message, Usage
 from .errors import DecisionRefused, LeaseLostError, RunNotFound
 from .faults import crash_point
-from .models import Checkpoint, EffectRecord, Run, RunInput, Step, WaitPoint
+from .models import Checkpoint, EffectRecord, Run, RunInput, Step, Thread, WaitPoint
 
 
 @dataclass(frozen=True)
@@ -75,11 +75,26 @@ def hash_token(token: str) -> str:
 # --- creating ----------------------------------------------------------------------------------
 
 
+def thread_for(name: str, creator: Any) -> Thread:
+    """The thread called ``name``; created, owned by ``creator`` (None: nobody), if it is new."""
+    thread = Thread.objects.filter(name=name).first()
+    if thread is not None:
+        return thread
+    try:
+        with transaction.atomic():
+            return Thread.objects.create(name=name, owner=creator)
+    except IntegrityError:
+        # A concurrent first run of the thread won the insert: its creator owns the thread.
+        return Thread.objects.get(name=name)
+
+
 def create_run(**fields: Any) -> tuple[Run, bool]:
-    """Insert a queued run. With a trigger id already used for this agent, return the first run."""
+    """Insert a queued run. With a trigger id already used for this agent in this scope, return the
+    first run."""
     trigger_id = fields.get("trigger_id")
+    same = {"agent": fields["agent"], "scope": fields.get("scope", ""), "trigger_id": trigger_id}
     if trigger_id is not None:
-        existing = Run.objects.filter(agent=fields["agent"], trigger_id=trigger_id).first()
+        existing = Run.objects.filter(**same).first()
         if existing is not None:
             return existing, False
     try:
@@ -89,7 +104,7 @@ def create_run(**fields: Any) -> tuple[Run, bool]:
         if trigger_id is None:
             raise
         # A concurrent start with the same trigger id won the insert.
-        return Run.objects.get(agent=fields["agent"], trigger_id=trigger_id), False
+        return Run.objects.get(**same), False
 
 
 # --- claiming ----------------------------------------------------------------------------------
@@ -101,8 +116,11 @@ def waits_for_elder(field_name: str) -> Exists:
     elder = Q(created_at__lt=OuterRef("created_at")) | Q(
         created_at=OuterRef("created_at"), id__lt=OuterRef("id")
     )
+    same = {field_name: OuterRef(field_name)}
+    if field_name == "concurrency_key":
+        same["scope"] = OuterRef("scope")
     return Exists(
-        Run.objects.filter(**{field_name: OuterRef(field_name)})
+        Run.objects.filter(**same)
         .exclude(pk=OuterRef("pk"))
         .filter(
             Q(status__in=[Status.RUNNING, Status.WAITING, Status.INTERRUPTED])

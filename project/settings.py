@@ -30,8 +30,10 @@ def database_from_url(url: str) -> dict:
             "HOST": parts.hostname or "",
             "PORT": str(parts.port or ""),
             "OPTIONS": dict(parse_qsl(parts.query)),
-            # Persistent connections with a health check: workers survive a database restart.
-            "CONN_MAX_AGE": 600,
+            # Django under ASGI serves each request's sync code in a thread of its own: a persistent
+            # connection would outlive it, one per request, until PostgreSQL runs out. Health checks
+            # let long-lived workers survive a database restart.
+            "CONN_MAX_AGE": 0,
             "CONN_HEALTH_CHECKS": True,
         }
     if parts.scheme == "sqlite":
@@ -56,8 +58,14 @@ def _sqlite(name: str) -> dict:
     }
 
 
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "chamvi-demo-insecure-secret-key-change-me")
+DEMO_SECRET_KEY = "chamvi-demo-insecure-secret-key-change-me"
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", DEMO_SECRET_KEY)
 DEBUG = _flag("DJANGO_DEBUG", True)
+if not DEBUG and SECRET_KEY == DEMO_SECRET_KEY:
+    # Sessions, CSRF tokens and password resets are signed with it: a deployment must set its own.
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured("DJANGO_DEBUG=0 needs DJANGO_SECRET_KEY: the demo's key is public")
 ALLOWED_HOSTS = [
     h.strip() for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h.strip()
 ]
