@@ -8,6 +8,7 @@ of the same step so the remote API can deduplicate; see docs/effects.md for each
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -15,8 +16,10 @@ from django.db import transaction
 
 from . import store
 from .agent import RunContext
+from .core.nul import without_nul
 from .errors import LeaseLostError
 from .faults import crash_point
+from .models import EffectRecord
 from .store import Claim
 from .tools import Tool, to_jsonable
 
@@ -29,6 +32,8 @@ def run_effect(claim: Claim, tool: Tool, ctx: RunContext, arguments: dict[str, A
     with transaction.atomic():
         record = store.effect_record(claim, key)
         if record is not None:
+            if record.input != without_nul(to_jsonable(arguments)):
+                return None, _already_ran(tool.name, record)
             return record.output, record.error
         output: Any = None
         error = ""
@@ -45,3 +50,14 @@ def run_effect(claim: Claim, tool: Tool, ctx: RunContext, arguments: dict[str, A
         store.record_effect(claim, key, tool.name, to_jsonable(arguments), output, error)
     crash_point("after_effect_record")
     return output, error
+
+
+def _already_ran(name: str, record: EffectRecord) -> str:
+    """A repeated model call put the same tool at the same place with other arguments (the first
+    execution died after the effect and before its step was saved). The effect is not run again:
+    the model is told what did run."""
+    result = {"error": record.error} if record.error else {"output": record.output}
+    return (
+        f"not run: {name} already ran once for this call (it runs at most once), with arguments "
+        f"{json.dumps(record.input, ensure_ascii=False)}, and gave {json.dumps(result, ensure_ascii=False)}"
+    )

@@ -28,23 +28,29 @@ from .conf import conf
 from .core.messages import open_tool_calls, trigger_message
 from .core.states import TERMINAL, ErrorCode, Status
 from .core.types import (
+    NO_USAGE,
     Aborted,
     AbortSignal,
     Message,
     Model,
     ModelRequest,
     ModelTurn,
+    Usage,
 )
 from .errors import AgentNotFound, ArtifactNotFound, LeaseLostError
 from .faults import crash_point
 from .lease import LeaseKeeper
 from .lifecycle import announce_settled
 from .models import Checkpoint, Run, Step
+from .policy import policy
 from .store import Claim, StepRecord
 from .tool_phase import Settled, ToolPhase
 from .tools import Tool
 
 logger = logging.getLogger(__name__)
+
+# How many settled runs of a thread are looked at, newest first, for one its creator may view.
+HISTORY_CANDIDATES = 50
 
 CLOSED_BY = {
     "cancel": "The run was cancelled before this tool call ran.",
@@ -91,6 +97,19 @@ class Execution(ToolPhase):
         unsubscribe = self.shutdown.on_set(lambda: self.abort.set("drain")) if self.shutdown else None
         keeper: LeaseKeeper | None = None
         try:
+            if self.claim.cancel_requested:
+                # Requested while the run was between executions (or a wait was opening): it wins.
+                self.settle(Status.CANCELLED, close=CLOSED_BY["cancel"])
+            if self.claim.stalled >= int(conf.MAX_ATTEMPTS):
+                self.settle(
+                    Status.FAILED,
+                    error=(
+                        ErrorCode.TOO_MANY_ATTEMPTS,
+                        f"{self.claim.stalled} executions in a row ended without saving a step "
+                        "(their worker died: a tool that crashes or exhausts the process?)",
+                    ),
+                    close=CLOSED_BY["failed"],
+                )
             try:
                 agent = registry.get(self.run_row.agent)
             except AgentNotFound as exc:
@@ -118,8 +137,10 @@ class Execution(ToolPhase):
         except Exception as exc:
             logger.exception("run %s: execution crashed", self.claim.run_id)
             signals.execution_error.send(Run, run_id=self.claim.run_id, error=exc)
+            # Viewers get a stable code and a message without internals; the log has the traceback.
+            message = f"an internal error stopped the run ({type(exc).__name__}); the worker log has details"
             try:
-                return self.settle(Status.FAILED, error=("internal_error", f"{type(exc).__name__}: {exc}"))
+                return self.settle(Status.FAILED, error=(ErrorCode.INTERNAL_ERROR, message))
             except Settled as settled:
                 return settled.status
             except Exception:
@@ -176,19 +197,7 @@ class Execution(ToolPhase):
         if checkpoint is not None:
             return list(checkpoint.messages), checkpoint.step_index + 1
         trigger = self.run_row.trigger
-        history: list[Message] = []
-        if self.run_row.thread:
-            previous = (
-                Checkpoint.objects.filter(
-                    run__thread=self.run_row.thread,
-                    run__status__in=[s.value for s in TERMINAL],
-                    run__created_at__lt=self.run_row.created_at,
-                )
-                .order_by("-run__created_at")
-                .first()
-            )
-            if previous is not None:
-                history = list(previous.messages)
+        history = self.thread_history() if self.run_row.thread else []
         first = trigger_message(
             trigger.get("source", "api"),
             trigger.get("trigger", "api"),
@@ -196,6 +205,26 @@ class Execution(ToolPhase):
             trigger.get("attachments"),
         )
         return [*history, first], 0
+
+    def thread_history(self) -> list[Message]:
+        """The latest settled history of the thread that this run's creator may view: a run never
+        receives a conversation its creator could not read (SPEC §3)."""
+        creator = self.run_row.created_by
+        earlier = (
+            Checkpoint.objects.filter(
+                run__thread=self.run_row.thread,
+                run__status__in=[s.value for s in TERMINAL],
+                run__created_at__lt=self.run_row.created_at,
+            )
+            .select_related("run")
+            .order_by("-run__created_at")
+        )
+        if creator is None:
+            earlier = earlier.filter(run__created_by__isnull=True)
+        for checkpoint in earlier[:HISTORY_CANDIDATES]:
+            if creator is None or policy().can_view(creator, checkpoint.run):
+                return list(checkpoint.messages)
+        return []
 
     def loop(self, agent: Agent) -> str:
         ctx = RunContext(run=self.run_row, agent=agent, abort=self.abort)
@@ -271,6 +300,10 @@ class Execution(ToolPhase):
     ) -> tuple[list[Message], int]:
         request = self.request(agent, ctx, tools, messages)
         attempt = self.claim.attempt
+        # Counted before it is made: a call whose execution dies unsaved still uses the budget.
+        if not store.count_model_call(self.claim):
+            raise LeaseLostError(f"run {self.claim.run_id}: claim lost before a model call")
+        self.model_calls += 1
         started = timezone.now()
         self.emit("step.start", step=index, attempt=attempt)
 
@@ -287,6 +320,7 @@ class Execution(ToolPhase):
             # The model call is abandoned: no step is written for it.
             self.stop_if_aborted()
             raise
+        self.tokens += turn.usage.total
         finish = turn.finish_reason if turn.error is None else "error"
         llm = StepRecord(
             index=index,
@@ -302,20 +336,22 @@ class Execution(ToolPhase):
         self.emit("step.end", step=index, attempt=attempt, finish_reason=finish)
         if turn.tool_calls:
             # The lease keeper checks only every heartbeat: a worker that froze during the stream
-            # learns here, before any tool runs, that another worker may hold the run now.
-            if not store.renew(self.claim, float(conf.LEASE_SECONDS)):
+            # learns here, before any tool runs, that another worker may hold the run now. The
+            # call's usage is recorded with it: a tool that kills the worker must not make the
+            # repeated call free.
+            if not store.renew(self.claim, float(conf.LEASE_SECONDS), usage=turn.usage):
                 raise LeaseLostError(f"run {self.claim.run_id}: lease lost before running tools")
             messages = [*messages, turn.assistant_message()]
             steps = [llm]
             calls = [c.as_message_part() for c in turn.tool_calls]
             messages, steps = self.answer_calls(
-                agent, tools, calls, messages, steps, llm_index=index, usage=turn.usage, inputs=inputs
+                agent, tools, calls, messages, steps, llm_index=index, inputs=inputs
             )
-            self.save_model_step(steps, messages, turn, inputs)
+            self.save_model_step(steps, messages, NO_USAGE, inputs)
             self.after_tools(agent, steps)
             return messages, steps[-1].index + 1
         messages = [*messages, turn.assistant_message()]
-        self.save_model_step([llm], messages, turn, inputs)
+        self.save_model_step([llm], messages, turn.usage, inputs)
         if queries.pending_inputs(self.claim.run_id):
             # Input arrived while the model answered: it gets another turn to take it into account.
             return messages, index + 1
@@ -327,22 +363,15 @@ class Execution(ToolPhase):
         raise AssertionError("unreachable")
 
     def save_model_step(
-        self, steps: list[StepRecord], messages: list[Message], turn: ModelTurn, inputs: list[str]
+        self, steps: list[StepRecord], messages: list[Message], usage: Usage, inputs: list[str]
     ) -> None:
-        """Steps, checkpoint and usage of one model call, in one transaction; the budget counters
-        follow in memory (this execution is the run's only writer while it holds the claim)."""
+        """Steps, checkpoint and (unless already recorded) usage of one model call, in one
+        transaction. The budget counters are kept in memory: this execution is the run's only
+        writer while it holds the claim."""
         finish = steps[0].output["finish_reason"]  # steps[0] is the model call's llm step
         store.save_step(
-            self.claim,
-            steps,
-            messages,
-            finish_reason=finish or "",
-            usage=turn.usage,
-            model_calls=1,
-            consumed_inputs=inputs,
+            self.claim, steps, messages, finish_reason=finish or "", usage=usage, consumed_inputs=inputs
         )
-        self.model_calls += 1
-        self.tokens += turn.usage.total
         signals.step_saved.send(Run, run_id=self.claim.run_id, steps=steps)
 
     def fail_turn(self, turn: ModelTurn, llm: StepRecord, messages: list[Message], inputs: list[str]) -> Any:
@@ -352,7 +381,9 @@ class Execution(ToolPhase):
             code, detail = ErrorCode.INCOMPLETE_RESPONSE, llm.error
         else:
             code, detail = ErrorCode.MODEL_ERROR, turn.error
-        self.save_model_step([llm], [*messages, turn.assistant_message(with_tool_calls=False)], turn, inputs)
+        self.save_model_step(
+            [llm], [*messages, turn.assistant_message(with_tool_calls=False)], turn.usage, inputs
+        )
         self.emit(
             "step.end", step=llm.index, attempt=self.claim.attempt, finish_reason=llm.output["finish_reason"]
         )

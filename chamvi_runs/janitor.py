@@ -66,7 +66,4 @@ def _renotify(waitpoint: WaitPoint) -> bool:
         agent = registry.get(waitpoint.run.agent)
     except AgentNotFound:
         return False
-    if agent.notifier is None:
-        return store.mark_notified(waitpoint)
-    waitpoint.token = store.reissue_token(waitpoint)
-    return notify(agent, waitpoint.run, waitpoint)
+    return notify(agent, waitpoint.run, waitpoint, resend=True)

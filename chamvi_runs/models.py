@@ -8,6 +8,7 @@ import secrets
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Now
 
 from .core.states import Status
 
@@ -72,7 +73,9 @@ class Run(models.Model):
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    created_at = models.DateTimeField(auto_now_add=True)
+    # The database's clock: runs of one key or thread start in creation order, whichever host created
+    # them, and hosts' clocks disagree.
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
     updated_at = models.DateTimeField(auto_now=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -6,7 +6,6 @@ from datetime import timedelta
 
 from django.db.models import DateTimeField, ExpressionWrapper, Q, Value
 from django.db.models.functions import Now
-from django.utils import timezone
 
 from .core.states import Status
 from .models import Run, RunInput, WaitPoint
@@ -62,16 +61,22 @@ def next_in_line(run: Run) -> list[str]:
 
 
 def expired_waitpoints() -> list[WaitPoint]:
+    """Open wait points past their expiry, by the database's clock."""
     return list(
         WaitPoint.objects.filter(
-            decision__isnull=True, expires_at__lt=timezone.now(), run__status=Status.WAITING
+            decision__isnull=True, expires_at__lt=Now(), run__status=Status.WAITING
         ).select_related("run")[:500]
     )
 
 
 def unnotified_waitpoints() -> list[WaitPoint]:
+    """Open wait points whose notifier has not returned yet and may be called now (none in flight,
+    not backing off)."""
     return list(
         WaitPoint.objects.filter(
-            decision__isnull=True, notified_at__isnull=True, run__status=Status.WAITING
+            Q(next_notify_at__isnull=True) | Q(next_notify_at__lte=Now()),
+            decision__isnull=True,
+            notified_at__isnull=True,
+            run__status=Status.WAITING,
         ).select_related("run")[:500]
     )

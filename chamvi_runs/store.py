@@ -15,6 +15,7 @@ Rules of ownership, on one screen:
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
 from .core.messages import answer_open_calls, tool_result
+from .core.nul import without_nul
 from .core.states import CLAIMABLE, TERMINAL, Status, sources_of
 from .core.types import NO_USAGE, Message, Usage
 from .errors import DecisionRefused, LeaseLostError, RunNotFound
@@ -41,6 +43,23 @@ class Claim:
     attempt: int
     resumed: bool
     """True when an earlier execution had started the run (recovery, decision, drain)."""
+    stalled: int = 0
+    """Executions before this one, in a row, that ended without writing anything (they died)."""
+    cancel_requested: bool = False
+
+
+@dataclass(frozen=True)
+class CallRef:
+    """One tool call by its place: the model call's step and the call's position in it."""
+
+    model_step: int
+    position: int
+    call_id: str
+
+
+class CancelRequested(Exception):
+    """A write that would keep the run going (open a wait point, go back to waiting) was refused
+    because a cancel was requested: the execution settles ``cancelled`` instead."""
 
 
 @dataclass
@@ -55,8 +74,13 @@ class StepRecord:
     finished_at: datetime | None = None
 
 
+def _db_now_plus(delta: timedelta) -> ExpressionWrapper:
+    """A time computed by the database's clock: hosts' clocks disagree, the database's is one."""
+    return ExpressionWrapper(Now() + Value(delta), output_field=DateTimeField())
+
+
 def _in_seconds(seconds: float) -> ExpressionWrapper:
-    return ExpressionWrapper(Now() + Value(timedelta(seconds=seconds)), output_field=DateTimeField())
+    return _db_now_plus(timedelta(seconds=seconds))
 
 
 def _to(target: Status) -> Q:
@@ -147,7 +171,18 @@ def claim(run_id: str, owner: str, lease_seconds: float) -> Claim | None:
         run = (
             Run.objects.select_for_update(skip_locked=True)
             .filter(free, pk=run_id, status__in=[s.value for s in CLAIMABLE])
-            .only("id", "status", "concurrency_key", "thread", "created_at", "started_at", "attempt")
+            .only(
+                "id",
+                "status",
+                "scope",
+                "concurrency_key",
+                "thread",
+                "created_at",
+                "started_at",
+                "attempt",
+                "stalled_executions",
+                "cancel_requested",
+            )
             .first()
         )
         if run is None:
@@ -162,18 +197,46 @@ def claim(run_id: str, owner: str, lease_seconds: float) -> Claim | None:
                 claim_owner=owner,
                 claim_expires_at=_in_seconds(lease_seconds),
                 attempt=F("attempt") + 1,
+                # Counted now, reset by the execution's first write: an execution that dies
+                # before writing anything (its tool killed the worker) stays counted.
+                stalled_executions=F("stalled_executions") + 1,
                 started_at=Coalesce(F("started_at"), Now()),
                 updated_at=Now(),
             )
         )
         if not updated:
             return None
-        return Claim(run_id, owner, run.attempt + 1, resumed=run.started_at is not None)
+        return Claim(
+            run_id,
+            owner,
+            run.attempt + 1,
+            resumed=run.started_at is not None,
+            stalled=run.stalled_executions,
+            cancel_requested=run.cancel_requested,
+        )
 
 
-def renew(claim: Claim, lease_seconds: float) -> bool:
-    """Extend the lease. False: the claim is lost (someone else holds the run, or it settled)."""
-    return bool(Run.objects.filter(_held(claim)).update(claim_expires_at=_in_seconds(lease_seconds)))
+def renew(claim: Claim, lease_seconds: float, *, usage: Usage = NO_USAGE) -> bool:
+    """Extend the lease, adding ``usage`` of a model call not saved yet (it counts against the
+    budget even if this execution dies before saving it). False: the claim is lost (someone else
+    holds the run, or it settled)."""
+    extra: dict[str, Any] = {}
+    if usage.total:
+        extra.update(
+            input_tokens=F("input_tokens") + usage.input_tokens,
+            output_tokens=F("output_tokens") + usage.output_tokens,
+        )
+    return bool(
+        Run.objects.filter(_held(claim)).update(claim_expires_at=_in_seconds(lease_seconds), **extra)
+    )
+
+
+def count_model_call(claim: Claim) -> bool:
+    """Count a model call before it is made: a call whose execution dies unsaved still counts
+    against ``max_steps``. False: the claim is lost, and the call must not be made."""
+    return bool(
+        Run.objects.filter(_held(claim)).update(model_calls=F("model_calls") + 1)
+    )
 
 
 # --- writing an execution's progress -----------------------------------------------------------
@@ -186,10 +249,10 @@ def _write_steps(claim: Claim, steps: Iterable[StepRecord]) -> None:
             run_id=claim.run_id,
             index=s.index,
             kind=s.kind,
-            name=s.name,
-            input=s.input,
-            output=s.output,
-            error=s.error,
+            name=without_nul(s.name),
+            input=without_nul(s.input),
+            output=without_nul(s.output),
+            error=without_nul(s.error),
             attempt=claim.attempt,
             started_at=s.started_at,
             finished_at=s.finished_at or timezone.now(),
@@ -204,6 +267,7 @@ def _write_steps(claim: Claim, steps: Iterable[StepRecord]) -> None:
 
 
 def _write_checkpoint(run_id: str, step_index: int, messages: list[Message], finish_reason: str) -> None:
+    messages = without_nul(messages)
     updated = Checkpoint.objects.filter(run_id=run_id, step_index__lte=step_index).update(
         step_index=step_index, messages=messages, finish_reason=finish_reason or "", created_at=timezone.now()
     )
@@ -219,20 +283,25 @@ def _record(
     messages: list[Message],
     finish_reason: str,
     usage: Usage,
-    model_calls: int,
     consumed_inputs: Iterable[str],
+    *,
+    unless_cancelled: bool = False,
     **run_fields: Any,
 ) -> int:
     """Inside a transaction: the fenced run update (usage, plus ``run_fields``), the steps, the
-    checkpoint at the last step's index, and the inputs those steps took. Returns that index."""
-    updated = Run.objects.filter(_held(claim)).update(
+    checkpoint at the last step's index, and the inputs those steps took. Returns that index.
+    ``unless_cancelled``: a requested cancel refuses the write (CancelRequested), atomically."""
+    held = Run.objects.filter(_held(claim))
+    updated = (held.filter(cancel_requested=False) if unless_cancelled else held).update(
         input_tokens=F("input_tokens") + usage.input_tokens,
         output_tokens=F("output_tokens") + usage.output_tokens,
-        model_calls=F("model_calls") + model_calls,
+        stalled_executions=0,
         updated_at=Now(),
         **run_fields,
     )
     if not updated:
+        if unless_cancelled and held.exists():
+            raise CancelRequested(claim.run_id)
         raise LeaseLostError(f"run {claim.run_id}: claim lost before saving steps")
     _write_steps(claim, steps)
     last = max(s.index for s in steps)
@@ -252,15 +321,21 @@ def save_step(
     *,
     finish_reason: str = "",
     usage: Usage = NO_USAGE,
-    model_calls: int = 0,
     consumed_inputs: Iterable[str] = (),
 ) -> None:
     """Steps + checkpoint + usage of one model call (or of tools run after a decision), atomically.
+    The call itself was counted before it was made (``count_model_call``).
     Raises LeaseLostError, writing nothing, when the claim is no longer held."""
     with transaction.atomic():
-        _record(claim, steps, messages, finish_reason, usage, model_calls, consumed_inputs)
+        _record(claim, steps, messages, finish_reason, usage, consumed_inputs)
         crash_point("before_step_commit")
     crash_point("after_step_commit")
+
+
+def arguments_hash(arguments: Any) -> str:
+    """What an approval is bound to: the exact arguments of the call, canonically encoded."""
+    encoded = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(encoded.encode()).hexdigest()
 
 
 def open_wait(
@@ -268,16 +343,16 @@ def open_wait(
     steps: list[StepRecord],
     messages: list[Message],
     *,
-    tool_call_id: str,
+    call: CallRef,
     tool_name: str,
     tool_input: Any,
     ttl: timedelta,
     usage: Usage = NO_USAGE,
-    model_calls: int = 0,
     consumed_inputs: Iterable[str] = (),
 ) -> WaitPoint:
     """Record the step that asks for approval, open a WaitPoint, move to ``waiting`` and release the
-    claim, atomically. The returned wait point carries the raw token in memory only."""
+    claim, atomically. A requested cancel wins: CancelRequested, nothing written. The returned wait
+    point carries the raw token in memory only."""
     token = secrets.token_urlsafe(32)
     with transaction.atomic():
         wait_index = _record(
@@ -286,32 +361,42 @@ def open_wait(
             messages,
             "tool_calls",
             usage,
-            model_calls,
             consumed_inputs,
+            unless_cancelled=True,
             status=Status.WAITING,
             claim_owner=None,
             claim_expires_at=None,
         )
+        tool_input = without_nul(tool_input)
         waitpoint = WaitPoint.objects.create(
             run_id=claim.run_id,
             step_index=wait_index,
-            tool_call_id=tool_call_id,
-            tool_name=tool_name,
+            model_step=call.model_step,
+            call_position=call.position,
+            arguments_hash=arguments_hash(tool_input),
+            tool_call_id=without_nul(call.call_id),
+            tool_name=without_nul(tool_name),
             input=tool_input,
-            expires_at=timezone.now() + ttl,
+            # The database's clock: hosts' clocks disagree, and expiry is decided in SQL.
+            expires_at=_db_now_plus(ttl),
             token_hash=hash_token(token),
         )
+    waitpoint.refresh_from_db(fields=["expires_at", "created_at"])
     waitpoint.token = token
     return waitpoint
 
 
 def back_to_waiting(claim: Claim) -> bool:
-    """A claimed run whose checkpoint ends on an undecided approval goes back to waiting."""
-    return bool(
-        Run.objects.filter(_held(claim)).update(
-            status=Status.WAITING, claim_owner=None, claim_expires_at=None, updated_at=Now()
-        )
-    )
+    """A claimed run whose checkpoint ends on an undecided approval goes back to waiting. A
+    requested cancel wins (CancelRequested). False: the claim was lost."""
+    held = Run.objects.filter(_held(claim))
+    if held.filter(cancel_requested=False).update(
+        status=Status.WAITING, claim_owner=None, claim_expires_at=None, stalled_executions=0, updated_at=Now()
+    ):
+        return True
+    if held.exists():
+        raise CancelRequested(claim.run_id)
+    return False
 
 
 def settle(
@@ -324,22 +409,33 @@ def settle(
     close_history: str | None = None,
 ) -> bool:
     """Final write of an execution: a terminal status, or ``interrupted``. Releases the claim.
-    ``close_history`` answers open tool calls in the checkpoint with that text, so a thread can
-    always continue. False: the claim was lost and nothing was written."""
+    A terminal settle answers every open tool call in the checkpoint (with ``close_history``, or a
+    generic text), so a thread can always continue. False: the claim was lost and nothing was
+    written."""
     fields: dict[str, Any] = {
         "status": status,
         "claim_owner": None,
         "claim_expires_at": None,
+        "stalled_executions": 0,
         "updated_at": Now(),
     }
     if status in TERMINAL:
-        fields.update(output=output, error_code=error_code, error_message=error_message, finished_at=Now())
+        fields.update(
+            output=without_nul(output),
+            error_code=error_code,
+            error_message=without_nul(error_message),
+            finished_at=Now(),
+        )
+        close_history = close_history or CLOSED_AT_END
     with transaction.atomic():
         if not Run.objects.filter(_held(claim)).filter(_to(status)).update(**fields):
             return False
         if close_history is not None:
             _close_history(claim.run_id, close_history)
     return True
+
+
+CLOSED_AT_END = "The run ended before this tool call ran."
 
 
 def _close_history(run_id: str, reason: str) -> None:
@@ -368,7 +464,7 @@ def cancel(run_id: str) -> str:
             updated_at=Now(),
         ):
             WaitPoint.objects.filter(run_id=run_id, decision__isnull=True).update(
-                decision=WaitPoint.Decision.DENIED, decided_at=timezone.now(), reason="run cancelled"
+                decision=WaitPoint.Decision.DENIED, decided_at=Now(), reason="run cancelled"
             )
             _close_history(run_id, "The run was cancelled before this tool call ran.")
             return Status.CANCELLED
@@ -395,45 +491,50 @@ def decide(
     """Record an approval decision once. Approved: the run goes back to ``running`` (unclaimed) and
     its next execution runs the tool. Denied or expired: the tool's result in the checkpoint (same
     step index, replacing it) tells the model so. Raises DecisionRefused (``not_found``,
-    ``already_decided``, ``expired``, ``bad_token``)."""
+    ``already_decided``, ``expired``, ``bad_token``).
+
+    Lock order, here as everywhere: the run row, then its wait point (``cancel`` updates the run,
+    then closes the wait point), so a concurrent approve and cancel cannot deadlock."""
+    run_id = WaitPoint.objects.filter(approval_id=approval_id).values_list("run_id", flat=True).first()
+    if run_id is None:
+        raise DecisionRefused(f"no approval {approval_id}", code="not_found")
     with transaction.atomic():
-        waitpoint = WaitPoint.objects.select_for_update().filter(approval_id=approval_id).first()
-        if waitpoint is None:
-            raise DecisionRefused(f"no approval {approval_id}", code="not_found")
+        waiting = Run.objects.select_for_update().filter(pk=run_id, status=Status.WAITING).exists()
+        waitpoint = (
+            WaitPoint.objects.select_for_update()
+            .filter(approval_id=approval_id)
+            .annotate(expired_now=Q(expires_at__lte=Now()))
+            .first()
+        )
+        assert waitpoint is not None  # wait points are deleted only with their run
         if token is not None and not secrets.compare_digest(hash_token(token), waitpoint.token_hash):
             raise DecisionRefused("this token does not decide this approval", code="bad_token")
         if waitpoint.decision is not None:
             code = "expired" if waitpoint.decision == WaitPoint.Decision.EXPIRED else "already_decided"
             raise DecisionRefused(f"approval {approval_id} was already {waitpoint.decision}", code=code)
-        if (
-            decision != WaitPoint.Decision.EXPIRED
-            and waitpoint.expires_at
-            and waitpoint.expires_at <= timezone.now()
-        ):
+        if decision != WaitPoint.Decision.EXPIRED and waitpoint.expired_now:
             raise DecisionRefused(f"approval {approval_id} expired at {waitpoint.expires_at}", code="expired")
-        # The run row is locked before the wait point is closed, so a cancel cannot interleave.
-        if not Run.objects.select_for_update().filter(pk=waitpoint.run_id, status=Status.WAITING).exists():
-            raise DecisionRefused(f"run {waitpoint.run_id} is not waiting", code="already_decided")
-        now = timezone.now()
+        if not waiting:
+            raise DecisionRefused(f"run {run_id} is not waiting", code="already_decided")
         WaitPoint.objects.filter(pk=waitpoint.pk).update(
             decision=decision,
             decided_by=by if getattr(by, "pk", None) else None,
-            decided_at=now,
-            reason=reason,
+            decided_at=Now(),
+            reason=without_nul(reason),
         )
         if decision != WaitPoint.Decision.APPROVED:
-            checkpoint = Checkpoint.objects.get(run_id=waitpoint.run_id)
+            checkpoint = Checkpoint.objects.get(run_id=run_id)
             verdict = "denied" if decision == WaitPoint.Decision.DENIED else "expired without a decision"
             text = f"The call to {waitpoint.tool_name} was not run: approval {verdict}."
             if reason:
                 text += f" Reason: {reason}"
             _write_checkpoint(
-                waitpoint.run_id,
+                run_id,
                 checkpoint.step_index,
                 [*checkpoint.messages, tool_result(waitpoint.tool_call_id, text)],
                 checkpoint.finish_reason,
             )
-        Run.objects.filter(_to(Status.RUNNING), pk=waitpoint.run_id, status=Status.WAITING).update(
+        Run.objects.filter(_to(Status.RUNNING), pk=run_id, status=Status.WAITING).update(
             status=Status.RUNNING, updated_at=Now()
         )
         waitpoint.refresh_from_db()
@@ -442,30 +543,66 @@ def decide(
 
 def fail_expired_wait(approval_id: str) -> bool:
     """For agents that fail rather than deny on expiry: waiting -> failed (``approval_expired``)."""
+    run_id = WaitPoint.objects.filter(approval_id=approval_id).values_list("run_id", flat=True).first()
+    if run_id is None:
+        return False
     with transaction.atomic():
-        waitpoint = (
-            WaitPoint.objects.select_for_update().filter(approval_id=approval_id, decision=None).first()
-        )
-        if waitpoint is None:
-            return False
-        WaitPoint.objects.filter(pk=waitpoint.pk).update(
-            decision=WaitPoint.Decision.EXPIRED, decided_at=timezone.now()
-        )
-        updated = Run.objects.filter(_to(Status.FAILED), pk=waitpoint.run_id, status=Status.WAITING).update(
+        # Run first, then wait point: the lock order of decide and cancel.
+        updated = Run.objects.filter(_to(Status.FAILED), pk=run_id, status=Status.WAITING).update(
             status=Status.FAILED,
             error_code="approval_expired",
-            error_message=f"approval {approval_id} for {waitpoint.tool_name} expired",
+            error_message=f"approval {approval_id} expired",
             finished_at=Now(),
             updated_at=Now(),
         )
-        if updated:
-            _close_history(waitpoint.run_id, "The call was not run: its approval expired.")
-        return bool(updated)
+        if not updated:
+            return False
+        if not WaitPoint.objects.filter(
+            approval_id=approval_id, decision__isnull=True, expires_at__lte=Now()
+        ).update(decision=WaitPoint.Decision.EXPIRED, decided_at=Now()):
+            # Decided, or not expired after all (by the database's clock): undo.
+            transaction.set_rollback(True)
+            return False
+        _close_history(run_id, "The call was not run: its approval expired.")
+    return True
+
+
+# --- notifications -----------------------------------------------------------------------------
+
+# A notifier call in flight holds the wait point this long: no one re-sends meanwhile.
+NOTIFY_LEASE = timedelta(minutes=5)
+
+
+def notify_backoff(attempts: int) -> timedelta:
+    """Wait before re-sending after ``attempts`` failed notifier calls: 30 s, doubling, at most 1 h."""
+    return min(timedelta(seconds=30) * (2 ** max(attempts - 1, 0)), timedelta(hours=1))
+
+
+def take_notification(waitpoint: WaitPoint) -> bool:
+    """Take the right to call the notifier now: the wait point is open, not notified, and no other
+    call is in flight or backing off. Two janitors (or an execution and a janitor) never both get
+    it. False: leave it alone."""
+    due = Q(next_notify_at__isnull=True) | Q(next_notify_at__lte=Now())
+    open_ = Q(pk=waitpoint.pk, decision__isnull=True, notified_at__isnull=True)
+    return bool(
+        WaitPoint.objects.filter(due, open_).update(
+            next_notify_at=_db_now_plus(NOTIFY_LEASE), notify_attempts=F("notify_attempts") + 1
+        )
+    )
+
+
+def notification_failed(waitpoint: WaitPoint) -> None:
+    attempts = WaitPoint.objects.filter(pk=waitpoint.pk).values_list("notify_attempts", flat=True).first()
+    WaitPoint.objects.filter(pk=waitpoint.pk, notified_at__isnull=True).update(
+        next_notify_at=_db_now_plus(notify_backoff(attempts or 1))
+    )
 
 
 def mark_notified(waitpoint: WaitPoint) -> bool:
     return bool(
-        WaitPoint.objects.filter(pk=waitpoint.pk, notified_at__isnull=True).update(notified_at=timezone.now())
+        WaitPoint.objects.filter(pk=waitpoint.pk, notified_at__isnull=True).update(
+            notified_at=Now(), next_notify_at=None
+        )
     )
 
 
@@ -489,5 +626,10 @@ def effect_record(claim: Claim, key: str) -> EffectRecord | None:
 
 def record_effect(claim: Claim, key: str, tool_name: str, tool_input: Any, output: Any, error: str) -> None:
     EffectRecord.objects.create(
-        run_id=claim.run_id, key=key, tool_name=tool_name, input=tool_input, output=output, error=error
+        run_id=claim.run_id,
+        key=key,
+        tool_name=without_nul(tool_name),
+        input=without_nul(tool_input),
+        output=without_nul(output),
+        error=without_nul(error),
     )

@@ -67,24 +67,34 @@ class ToolPhase:
     ) -> tuple[list[Message], int]:
         """The checkpoint ends on tool calls without results: an approval was asked for. Undecided:
         back to waiting, no model call. Decided: the approved call runs, then the calls after it."""
-        first = open_tool_calls(messages)[0]
-        waitpoint = (
-            WaitPoint.objects.filter(run_id=self.claim.run_id, tool_call_id=first["id"])
-            .order_by("-created_at")
-            .first()
-        )
-        if waitpoint is not None and waitpoint.decision is None:
-            if not store.back_to_waiting(self.claim):
-                raise LeaseLostError(f"run {self.claim.run_id}: claim lost before going back to waiting")
-            raise Settled(Status.WAITING)
         llm_index = (
             Step.objects.filter(run_id=self.claim.run_id, kind="llm", index__lt=index)
             .order_by("-index")
             .values_list("index", flat=True)
             .first()
         ) or 0
+        open_calls = open_tool_calls(messages)
+        # Calls are answered in order: the open ones are the last of their model call's calls.
+        first_position = len(_last_assistant(messages).get("tool_calls") or []) - len(open_calls)
+        waitpoint = WaitPoint.objects.filter(
+            run_id=self.claim.run_id, model_step=llm_index, call_position=first_position
+        ).first()
+        if waitpoint is not None and waitpoint.decision is None:
+            try:
+                if not store.back_to_waiting(self.claim):
+                    raise LeaseLostError(f"run {self.claim.run_id}: claim lost before going back to waiting")
+            except store.CancelRequested:
+                self.settle(Status.CANCELLED)
+            raise Settled(Status.WAITING)
         messages, steps = self.answer_calls(
-            agent, tools, open_tool_calls(messages), messages, [], llm_index=llm_index, next_index=index
+            agent,
+            tools,
+            open_calls,
+            messages,
+            [],
+            llm_index=llm_index,
+            first_position=first_position,
+            next_index=index,
         )
         if steps:
             store.save_step(self.claim, steps, messages)
@@ -101,21 +111,22 @@ class ToolPhase:
         steps: list[StepRecord],
         *,
         llm_index: int,
+        first_position: int = 0,
         next_index: int | None = None,
         usage: Usage = NO_USAGE,
         inputs: Sequence[str] = (),
     ) -> tuple[list[Message], list[StepRecord]]:
         """Run each call in order, answering it in ``messages``. A call that needs approval stops
-        here: its wait point is opened (with everything so far) and the execution ends waiting."""
+        here: its wait point is opened (with everything so far) and the execution ends waiting.
+        A call is known by its place (``llm_index``, position), never by the provider's call id,
+        which providers reuse across turns."""
         index = next_index if next_index is not None else steps[-1].index + 1
-        assistant = next(m for m in reversed(messages) if m.get("role") == "assistant")
-        positions = {c["id"]: n for n, c in enumerate(assistant.get("tool_calls") or [])}
-        approved = set(
+        approved = dict(
             WaitPoint.objects.filter(
-                run_id=self.claim.run_id, decision=WaitPoint.Decision.APPROVED
-            ).values_list("tool_call_id", flat=True)
+                run_id=self.claim.run_id, model_step=llm_index, decision=WaitPoint.Decision.APPROVED
+            ).values_list("call_position", "arguments_hash")
         )
-        for call in calls:
+        for position, call in enumerate(calls, start=first_position):
             if self.abort.reason == "lease_lost":
                 # Another worker may hold the run now: run nothing more. (Cancel and drain let the
                 # step's tools finish, so that its writes can complete.)
@@ -125,7 +136,7 @@ class ToolPhase:
             tool, arguments, error = _parse(tools, name, raw)
             output: Any = None
             if tool is not None:
-                key = f"{self.claim.run_id}:{llm_index}:{positions.get(call['id'], 0)}:{name}"
+                key = f"{self.claim.run_id}:{llm_index}:{position}:{name}"
                 call_ctx = RunContext(
                     run=self.run_row,
                     agent=agent,
@@ -134,19 +145,23 @@ class ToolPhase:
                     tool_call_id=call["id"],
                     idempotency_key=key if tool.effect else None,
                 )
-                if call["id"] not in approved and agent.needs_approval(name, arguments, call_ctx):
+                if position in approved:
+                    if approved[position] != store.arguments_hash(to_jsonable(arguments)):
+                        # An approval lets through the exact call it was asked for, nothing else.
+                        tool, error = None, "not run: the approval was given for other arguments"
+                elif agent.needs_approval(name, arguments, call_ctx):
                     wait = StepRecord(
                         index=index, kind="wait", name=name, input=to_jsonable(arguments), started_at=started
                     )
                     self.open_wait(
                         agent,
-                        call,
+                        store.CallRef(llm_index, position, call["id"]),
                         name,
                         arguments,
                         messages,
-                        [*steps, wait],
+                        steps,
+                        wait,
                         usage=usage,
-                        model_calls=1 if any(s.kind == "llm" for s in steps) else 0,
                         inputs=inputs,
                     )
             # A call that waits for approval is announced by run.waiting, and here once it runs.
@@ -185,30 +200,37 @@ class ToolPhase:
     def open_wait(
         self,
         agent: Agent,
-        call: dict[str, Any],
+        call: store.CallRef,
         name: str,
         arguments: dict[str, Any],
         messages: list[Message],
         steps: list[StepRecord],
+        wait: StepRecord,
         *,
         usage: Usage,
-        model_calls: int,
-        inputs: list[str],
+        inputs: Sequence[str],
     ) -> None:
         ttl = agent.approval_ttl or conf.approval_ttl
-        waitpoint = store.open_wait(
-            self.claim,
-            steps,
-            messages,
-            tool_call_id=call["id"],
-            tool_name=name,
-            tool_input=to_jsonable(arguments),
-            ttl=ttl,
-            usage=usage,
-            model_calls=model_calls,
-            consumed_inputs=inputs,
-        )
-        signals.step_saved.send(Run, run_id=self.claim.run_id, steps=steps)
+        try:
+            waitpoint = store.open_wait(
+                self.claim,
+                [*steps, wait],
+                messages,
+                call=call,
+                tool_name=name,
+                tool_input=to_jsonable(arguments),
+                ttl=ttl,
+                usage=usage,
+                consumed_inputs=inputs,
+            )
+        except store.CancelRequested:
+            # The cancel came while the model answered: it wins over the wait. What the step did
+            # is kept, and the open calls are answered as cancelled.
+            if steps:
+                store.save_step(self.claim, steps, messages, usage=usage, consumed_inputs=inputs)
+                signals.step_saved.send(Run, run_id=self.claim.run_id, steps=steps)
+            self.settle(Status.CANCELLED, close="The run was cancelled before this tool call ran.")
+        signals.step_saved.send(Run, run_id=self.claim.run_id, steps=[*steps, wait])
         self.emit(
             "run.waiting",
             approval_id=waitpoint.approval_id,
@@ -220,6 +242,10 @@ class ToolPhase:
         signals.run_waiting.send(Run, run=run, waitpoint=waitpoint)
         notify(agent, run, waitpoint)
         raise Settled(Status.WAITING)
+
+
+def _last_assistant(messages: list[Message]) -> Message:
+    return next((m for m in reversed(messages) if m.get("role") == "assistant"), {})
 
 
 def _parse(tools: dict[str, Tool], name: str, raw: str) -> tuple[Tool | None, Any, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from chamvi_runs import approve, deny, start_run
@@ -169,6 +170,10 @@ def test_notifier_failure_is_retried_by_the_janitor_with_a_fresh_token(server):
         run = _wait(server)
         waitpoint = WaitPoint.objects.get(run=run)
         assert waitpoint.notified_at is None
+        # A failed call backs off: the janitor does not re-send at once...
+        assert tick_once().notified == 0
+        # ...but once the backoff has passed (moved in SQL rather than slept).
+        WaitPoint.objects.filter(pk=waitpoint.pk).update(next_notify_at=Now() - timedelta(seconds=1))
         assert tick_once().notified == 1
         waitpoint.refresh_from_db()
         assert waitpoint.notified_at is not None

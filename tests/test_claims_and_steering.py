@@ -151,6 +151,7 @@ def test_the_janitor_re_enqueues_expired_claims_and_the_next_execution_resumes(s
     crashed = store.claim(run.pk, "crashed-worker", 30)
     # The crashed execution had finished its first step before dying.
     call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+    store.count_model_call(crashed)
     store.save_step(
         crashed,
         [
@@ -164,7 +165,6 @@ def test_the_janitor_re_enqueues_expired_claims_and_the_next_execution_resumes(s
             {"role": "assistant", "content": None, "tool_calls": [call]},
             {"role": "tool", "tool_call_id": "c1", "content": "3"},
         ],
-        model_calls=1,
     )
     redis.delete("rq:queue:chamvi")
     assert tick_once().enqueued == 0, "a live lease is left alone"
@@ -325,12 +325,12 @@ def test_a_run_whose_last_step_ended_it_settles_without_another_model_call(
 ):
     run = start_run("basic", "x")
     dead = store.claim(run.pk, "died-before-settling", 30)
+    store.count_model_call(dead)
     store.save_step(
         dead,
         [StepRecord(index=0, kind="llm", output={"text": "All done.", "finish_reason": finish}, error=error)],
         [{"role": "user", "content": "x"}, {"role": "assistant", "content": "All done."}],
         finish_reason=finish or "",
-        model_calls=1,
     )
     _expire(run.pk)
     run = execute(run)
@@ -413,6 +413,7 @@ def test_budgets_count_the_model_calls_of_earlier_executions(server):
     run = start_run("limited", "x")  # max_steps=2
     earlier = store.claim(run.pk, "earlier-worker", 30)
     call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+    store.count_model_call(earlier)
     store.save_step(
         earlier,
         [
@@ -426,7 +427,6 @@ def test_budgets_count_the_model_calls_of_earlier_executions(server):
             {"role": "assistant", "content": None, "tool_calls": [call]},
             {"role": "tool", "tool_call_id": "c1", "content": "3"},
         ],
-        model_calls=1,
     )
     _expire(run.pk)
     server.script("m-limited", [Reply(tool_call("c2", "add", '{"a": 3, "b": 3}'), finish("tool_calls"))])

@@ -63,5 +63,7 @@ class ErrorCode(StrEnum):
     TIMEOUT = "timeout"
     AGENT_NOT_FOUND = "agent_not_found"
     APPROVAL_EXPIRED = "approval_expired"
+    TOO_MANY_ATTEMPTS = "too_many_attempts"
     INVALID_OUTPUT = "invalid_output"
     TOOL_LOOP = "tool_loop"
+    INTERNAL_ERROR = "internal_error"

@@ -59,6 +59,12 @@ def _agent(name: str, **kwargs) -> Agent:
     return Agent(name=name, model=f"m-{name}", instructions=f"You are {name}.", **kwargs)
 
 
+@tool
+def crash_worker(code: int) -> str:
+    """Kill the process at once, as a segfault or the OOM killer would."""
+    os._exit(code)
+
+
 TOOLS = [add, explode, slow, whoami, refund]
 
 basic = _agent("basic", tools=TOOLS)
@@ -82,6 +88,8 @@ factory = Agent(
     tools=lambda ctx: [add] if ctx.run.trigger["keys"].get("math") else [whoami],
 )
 faulty = _agent("faulty", tools=[add, refund])
+poison = _agent("poison", tools=[crash_worker, add])
+poison_limited = _agent("poison_limited", tools=[crash_worker, add], budget=Budget(max_steps=2))
 
 
 @tool
