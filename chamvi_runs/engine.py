@@ -167,9 +167,14 @@ class Execution(ToolPhase):
     ) -> str:
         code, message = error or ("", "")
         crash_point("before_settle")
-        if not store.settle(
-            self.claim, status, output=output, error_code=code, error_message=message, close_history=close
-        ):
+        try:
+            settled = store.settle(
+                self.claim, status, output=output, error_code=code, error_message=message, close_history=close
+            )
+        except store.CancelRequested:
+            status = Status.CANCELLED
+            settled = store.settle(self.claim, status, close_history=CLOSED_BY["cancel"])
+        if not settled:
             raise LeaseLostError(f"run {self.claim.run_id}: claim lost before settling")
         announce_settled(self.claim.run_id, self.broadcaster)
         raise Settled(status)

@@ -410,7 +410,8 @@ def settle(
 ) -> bool:
     """Final write of an execution: a terminal status, or ``interrupted``. Releases the claim.
     A terminal settle answers every open tool call in the checkpoint (with ``close_history``, or a
-    generic text), so a thread can always continue. False: the claim was lost and nothing was
+    generic text), so a thread can always continue. ``interrupted`` is refused with CancelRequested
+    when a cancel was requested: the cancel wins. False: the claim was lost and nothing was
     written."""
     fields: dict[str, Any] = {
         "status": status,
@@ -427,8 +428,12 @@ def settle(
             finished_at=Now(),
         )
         close_history = close_history or CLOSED_AT_END
+    held = Run.objects.filter(_held(claim))
     with transaction.atomic():
-        if not Run.objects.filter(_held(claim)).filter(_to(status)).update(**fields):
+        target = held if status in TERMINAL else held.filter(cancel_requested=False)
+        if not target.filter(_to(status)).update(**fields):
+            if status not in TERMINAL and held.exists():
+                raise CancelRequested(claim.run_id)
             return False
         if close_history is not None:
             _close_history(claim.run_id, close_history)

@@ -152,6 +152,20 @@ def test_a_cancel_requested_while_the_model_answers_wins_over_the_wait_it_would_
     assert not open_tool_calls(Checkpoint.objects.get(run=run).messages)
 
 
+def test_a_cancel_requested_before_a_drain_wins_over_interrupted(server):
+    from chamvi_runs.core.types import AbortSignal
+    from chamvi_runs.engine import Execution
+
+    run = start_run("basic", "x")
+    held = store.claim(run.pk, "draining-worker", 30)
+    Run.objects.filter(pk=run.pk).update(cancel_requested=True)  # requested while it was claimed
+    shutdown = AbortSignal()
+    shutdown.set("drain")
+    assert Execution(held, shutdown).run() == "cancelled"
+    run.refresh_from_db()
+    assert (run.status, run.claim_owner) == ("cancelled", None)
+
+
 def test_a_claim_of_a_run_with_a_cancel_requested_settles_it_cancelled(server):
     run = start_run("basic", "x")
     Run.objects.filter(pk=run.pk).update(cancel_requested=True)
