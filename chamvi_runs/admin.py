@@ -1,4 +1,8 @@
-"""A read-only admin: runs change only through actions, which call the same API as everything else."""
+"""A read-only admin: runs change only through actions, which call the same API as everything else.
+
+Nothing of run state is added, changed or deleted here: a change form's save is a full-row UPDATE of
+status, claim and attempt with values read a moment earlier (no fence), and deleting a live run's
+checkpoint silently restarts it from its trigger. Each action has its own permission."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.views.decorators.debug import sensitive_variables
 
 from . import api
 from .auth import create_token
@@ -15,10 +20,16 @@ from .models import ApiToken, Checkpoint, Run, Step, WaitPoint
 
 
 class ReadOnly:
+    """Whatever permissions a staff user holds: no add, no change form save, no delete (which also
+    removes the "delete selected" action)."""
+
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
 
@@ -29,18 +40,12 @@ class StepInline(ReadOnly, admin.TabularInline):
     readonly_fields = fields
     show_change_link = False
 
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
 
 class WaitPointInline(ReadOnly, admin.TabularInline):
     model = WaitPoint
     extra = 0
     fields = ["approval_id", "tool_name", "input", "expires_at", "decision", "decided_by", "reason"]
     readonly_fields = fields
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 def _decide(modeladmin: admin.ModelAdmin, request: HttpRequest, waitpoints: Any, approve: bool) -> None:
@@ -76,14 +81,10 @@ class RunAdmin(ReadOnly, admin.ModelAdmin):
     inlines = [StepInline, WaitPointInline]
     actions = ["cancel_runs", "approve_open", "deny_open"]
 
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return [f.name for f in Run._meta.fields]
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("chamvi_runs.cancel_run")
 
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # Needed for actions; every field stays read-only.
-        return request.user.has_perm("chamvi_runs.change_run")
-
-    @admin.action(description="Cancel selected runs", permissions=["change"])
+    @admin.action(description="Cancel selected runs", permissions=["cancel"])
     def cancel_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
         statuses = [api.cancel_run(run.pk) for run in queryset]
         self.message_user(request, f"Cancel requested for {len(statuses)} run(s).", messages.SUCCESS)
@@ -107,12 +108,6 @@ class WaitPointAdmin(ReadOnly, admin.ModelAdmin):
     actions = ["approve", "deny"]
     exclude = ["token_hash"]
 
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return [f.name for f in WaitPoint._meta.fields if f.name != "token_hash"]
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return request.user.has_perm("chamvi_runs.approve_waitpoint")
-
     def has_approve_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("chamvi_runs.approve_waitpoint")
 
@@ -128,14 +123,20 @@ class WaitPointAdmin(ReadOnly, admin.ModelAdmin):
 @admin.register(Checkpoint)
 class CheckpointAdmin(ReadOnly, admin.ModelAdmin):
     list_display = ["run", "step_index", "finish_reason", "created_at"]
-    readonly_fields = ["run", "step_index", "messages", "finish_reason", "created_at"]
 
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
+    """A token acts as its user: staff mint and see only their own; superusers, anyone's."""
+
     list_display = ["name", "user", "prefix", "created_at", "last_used_at"]
-    fields = ["user", "name"]
-    readonly_fields: list[str] = []
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return ["user", "name"] if request.user.is_superuser else ["name"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ApiToken]:
+        tokens = super().get_queryset(request)
+        return tokens if request.user.is_superuser else tokens.filter(user=request.user)
 
     def has_module_permission(self, request: HttpRequest) -> bool:
         return request.user.is_staff
@@ -143,8 +144,10 @@ class ApiTokenAdmin(admin.ModelAdmin):
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    @sensitive_variables("raw")
     def save_model(self, request: HttpRequest, obj: ApiToken, form: Any, change: bool) -> None:
-        token, raw = create_token(obj.user, obj.name)
+        owner = obj.user if request.user.is_superuser else request.user
+        token, raw = create_token(owner, obj.name)
         obj.pk = token.pk
         self.message_user(
             request, f"API token created. Copy it now, it is not shown again: {raw}", messages.SUCCESS

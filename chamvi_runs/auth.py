@@ -9,6 +9,7 @@ from typing import Any
 from django.http import HttpRequest
 from django.middleware.csrf import CsrfViewMiddleware
 from django.utils import timezone
+from django.views.decorators.debug import sensitive_variables
 
 from .models import ApiToken
 from .store import hash_token
@@ -22,6 +23,7 @@ class AuthError(Exception):
         self.status, self.code, self.message = status, code, message
 
 
+@sensitive_variables("raw")
 def create_token(user: Any, name: str) -> tuple[ApiToken, str]:
     """Create an API token for ``user``; returns the row and the raw token (not stored)."""
     raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
@@ -36,6 +38,9 @@ def _csrf_failure(request: HttpRequest) -> str | None:
     return None if response is None else "CSRF verification failed"
 
 
+# A crash in here (or below: the filter applies to callees) puts the frames' variables in the error
+# report; the raw bearer token must not be among them.
+@sensitive_variables("header", "raw", "token")
 def authenticate(request: HttpRequest) -> Any:
     """The request's user, from a bearer token or the session. Raises AuthError (401/403)."""
     header = request.headers.get("Authorization", "").strip()

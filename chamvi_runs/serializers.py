@@ -1,14 +1,48 @@
-"""Runs, steps and wait points as the JSON the HTTP API and pages return."""
+"""Runs, steps and wait points as the JSON the HTTP API and pages return.
+
+What a viewer sees depends on who they are: staff see the execution's internals (the worker that
+holds the claim, the text of an internal error); every other viewer sees stable codes only.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from .models import Run, Step, WaitPoint
 
+INTERNAL_ERROR = "internal_error"
+INTERNAL_ERROR_MESSAGE = "the run stopped on an internal error; the site's operators have the details"
+STEPS_LIMIT = 100
+MAX_STEPS_LIMIT = 1000
+
 
 def _iso(value: Any) -> str | None:
     return value.isoformat() if value else None
+
+
+def shows_internals(viewer: Any) -> bool:
+    """Whether ``viewer`` may see hostnames, process ids and exception text of executions."""
+    return bool(viewer is not None and viewer.is_active and viewer.is_staff)
+
+
+def error_json(run: Run, *, internals: bool) -> dict[str, str] | None:
+    """The run's ``{code, message}``. An internal error's message may hold exception text (paths,
+    SQL, settings): only staff read it, the others get a fixed sentence."""
+    error = run.error
+    if error is not None and error["code"] == INTERNAL_ERROR and not internals:
+        return {"code": INTERNAL_ERROR, "message": INTERNAL_ERROR_MESSAGE}
+    return error
+
+
+@dataclass(frozen=True)
+class StepWindow:
+    """Which steps a run's JSON carries: with ``after``, the first ``limit`` steps whose index is
+    above it; otherwise the last ``limit`` steps below ``before`` (the latest, without either)."""
+
+    after: int | None = None
+    before: int | None = None
+    limit: int = STEPS_LIMIT
 
 
 def step_json(step: Step) -> dict[str, Any]:
@@ -22,6 +56,29 @@ def step_json(step: Step) -> dict[str, Any]:
         "attempt": step.attempt,
         "started_at": _iso(step.started_at),
         "finished_at": _iso(step.finished_at),
+    }
+
+
+def steps_page(run: Run, window: StepWindow) -> tuple[list[Step], dict[str, Any]]:
+    """One window of the run's steps in index order, and ``{limit, total, earlier, later}``: whether
+    steps exist before and after the window, for the next request."""
+    steps = run.steps.all()
+    if window.after is not None:
+        steps = steps.filter(index__gt=window.after)
+    if window.before is not None:
+        steps = steps.filter(index__lt=window.before)
+    if window.after is not None:
+        page = list(steps.order_by("index")[: window.limit])
+    else:
+        page = list(steps.order_by("-index")[: window.limit])[::-1]
+    # An empty window still tells where steps are: below its lower bound, above its upper one.
+    lower = page[0].index if page else (None if window.after is None else window.after + 1)
+    upper = page[-1].index if page else (None if window.before is None else window.before - 1)
+    return page, {
+        "limit": window.limit,
+        "total": run.steps.count(),
+        "earlier": lower is not None and run.steps.filter(index__lt=lower).exists(),
+        "later": upper is not None and run.steps.filter(index__gt=upper).exists(),
     }
 
 
@@ -44,7 +101,9 @@ def waitpoint_json(waitpoint: WaitPoint | None) -> dict[str, Any] | None:
     }
 
 
-def run_json(run: Run, *, detail: bool = True) -> dict[str, Any]:
+def run_json(run: Run, *, viewer: Any, window: StepWindow | None = None) -> dict[str, Any]:
+    """The run as ``viewer`` may see it, with one window of its steps (the latest by default)."""
+    internals = shows_internals(viewer)
     data: dict[str, Any] = {
         "id": run.id,
         "agent": run.agent,
@@ -53,12 +112,11 @@ def run_json(run: Run, *, detail: bool = True) -> dict[str, Any]:
         "concurrency_key": run.concurrency_key,
         "thread": run.thread,
         "output": run.output,
-        "error": run.error,
+        "error": error_json(run, internals=internals),
         "usage": {"input_tokens": run.input_tokens, "output_tokens": run.output_tokens},
         "input_tokens": run.input_tokens,
         "output_tokens": run.output_tokens,
         "model_calls": run.model_calls,
-        "claim_owner": run.claim_owner,
         "claim_expires_at": _iso(run.claim_expires_at),
         "cancel_requested": run.cancel_requested,
         "created_by": run.created_by_id,
@@ -67,20 +125,25 @@ def run_json(run: Run, *, detail: bool = True) -> dict[str, Any]:
         "started_at": _iso(run.started_at),
         "finished_at": _iso(run.finished_at),
     }
-    if detail:
-        data["steps"] = [step_json(s) for s in run.steps.all()]
-        data["waiting"] = waitpoint_json(run.waitpoints.filter(decision__isnull=True).first())
-        data["inputs"] = list(run.inputs.exclude(consumed_step=None).values_list("id", flat=True))
+    if internals:
+        # hostname:pid of the worker holding the claim: a map of the site's machines.
+        data["claim_owner"] = run.claim_owner
+    steps, page = steps_page(run, window or StepWindow())
+    data["steps"] = [step_json(s) for s in steps]
+    data["steps_page"] = page
+    data["waiting"] = waitpoint_json(run.waitpoints.filter(decision__isnull=True).first())
+    data["inputs"] = list(run.inputs.exclude(consumed_step=None).values_list("id", flat=True))
     return data
 
 
 def run_end_event(run: Run) -> dict[str, Any]:
-    """The ``run.end`` event of a settled run: its final state and the receipt of inputs it took."""
+    """The ``run.end`` event of a settled run: its final state and the receipt of inputs it took.
+    It reaches every viewer of the run, so its error is the one non-staff viewers see."""
     return {
         "type": "run.end",
         "status": run.status,
         "output": run.output,
-        "error": run.error,
+        "error": error_json(run, internals=False),
         "usage": {"input_tokens": run.input_tokens, "output_tokens": run.output_tokens},
         "inputs": list(run.inputs.exclude(consumed_step=None).values_list("id", flat=True)),
     }

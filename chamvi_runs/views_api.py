@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from functools import wraps
 from typing import Any
 
-from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.http.request import RawPostDataException
 from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.debug import sensitive_post_parameters, sensitive_variables
 
 from . import api
 from .auth import AuthError, authenticate
 from .conf import conf
-from .errors import AgentNotFound, DecisionRefused, InvalidPayload, RunNotFound
+from .core.nul import has_nul
+from .errors import AgentNotFound, DecisionRefused, InvalidPayload, RunNotFound, ThreadForbidden
 from .models import Run, WaitPoint
 from .policy import policy
-from .serializers import run_json, waitpoint_json
+from .serializers import MAX_STEPS_LIMIT, STEPS_LIMIT, StepWindow, run_json, waitpoint_json
 
 
 class ApiError(Exception):
@@ -65,19 +66,26 @@ def _require_user(request: HttpRequest) -> Any:
     return user
 
 
+def _raw_body(request: HttpRequest, limit: int) -> bytes:
+    """At most ``limit + 1`` bytes of the body: a chunked body has no Content-Length to refuse
+    early, and ``request.body`` would hold all of it in memory."""
+    if hasattr(request, "_body"):
+        # Already read whole, by the CSRF check of an urlencoded form (bounded by Django's
+        # DATA_UPLOAD_MAX_MEMORY_SIZE).
+        return request.body
+    if request._read_started:  # type: ignore[attr-defined]
+        # A multipart form whose stream was already parsed (e.g. for its CSRF field): not JSON.
+        raise ApiError(415, "unsupported_media_type", "send the body as application/json")
+    return request.read(limit + 1)
+
+
 def _body(request: HttpRequest) -> dict[str, Any]:
     # The payload cap plus room for the envelope's other fields.
     limit = int(conf.MAX_PAYLOAD_BYTES) + 16 * 1024
     declared = request.headers.get("Content-Length")
-    if declared and declared.isdigit() and int(declared) > limit:
+    if declared and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, "payload_too_large", f"the request body is larger than {limit} bytes")
-    try:
-        raw = request.body
-    except RequestDataTooBig:
-        raise ApiError(413, "payload_too_large", "the request body is too large") from None
-    except RawPostDataException:
-        # A multipart form whose stream was already parsed (e.g. for its CSRF field): not JSON.
-        raise ApiError(415, "unsupported_media_type", "send the body as application/json") from None
+    raw = _raw_body(request, limit)
     if len(raw) > limit:
         raise ApiError(413, "payload_too_large", f"the request body is larger than {limit} bytes")
     if not raw.strip():
@@ -93,6 +101,22 @@ def _body(request: HttpRequest) -> dict[str, Any]:
     return data
 
 
+MAX_QUERY_INT = 2**31 - 1
+
+
+def query_int(
+    request: HttpRequest, name: str, *, minimum: int = 0, maximum: int = MAX_QUERY_INT
+) -> int | None:
+    """The query parameter ``name`` as an int, None when absent. Only ASCII digits: ``int()`` also
+    reads "٣" and str.isdigit() accepts "²", which int() refuses."""
+    raw = request.GET.get(name)
+    if raw is None:
+        return None
+    if not re.fullmatch(r"[0-9]{1,10}", raw) or not minimum <= int(raw) <= maximum:
+        raise ApiError(400, "invalid_field", f"'{name}' must be an integer from {minimum} to {maximum}")
+    return int(raw)
+
+
 def _payload_error(exc: InvalidPayload) -> ApiError:
     if exc.too_large:
         return ApiError(413, "payload_too_large", str(exc))
@@ -106,13 +130,16 @@ def _optional_str(data: dict[str, Any], key: str) -> str | None:
     return value
 
 
-def _run_for(request: HttpRequest, run_id: str, *, steer: bool = False) -> Run:
+def _run_for(request: HttpRequest, run_id: str, *, steer: bool = False, cancel: bool = False) -> Run:
     user = _require_user(request)
-    run = Run.objects.filter(pk=run_id).first()
+    # PostgreSQL refuses a NUL in any text it is sent, a lookup's too: no run has one in its id.
+    run = None if has_nul(run_id) else Run.objects.filter(pk=run_id).first()
     if run is None or not policy().can_view(user, run):
         raise ApiError(404, "not_found", f"no run {run_id}")
     if steer and not policy().can_steer(user, run):
         raise ApiError(403, "forbidden", "you may not steer this run")
+    if cancel and not policy().can_cancel(user, run):
+        raise ApiError(403, "forbidden", "you may not cancel this run")
     return run
 
 
@@ -142,28 +169,51 @@ def runs(request: HttpRequest) -> HttpResponse:
             concurrency_key=_optional_str(data, "concurrency_key"),
             created_by=user,
             id=_optional_str(data, "id"),
+            # Keys and trigger ids sent over HTTP are the caller's own: another user can neither
+            # hold this caller's key nor claim a trigger id before their webhook sends it.
+            scope=policy().scope(user),
         )
     except AgentNotFound as exc:
         raise ApiError(404, "agent_not_found", str(exc)) from None
     except InvalidPayload as exc:
         raise _payload_error(exc) from None
+    except ThreadForbidden as exc:
+        raise ApiError(403, "thread_forbidden", str(exc)) from None
     if not policy().can_view(user, run):
-        # The trigger id is already used by a run this user may not see: do not reveal it.
+        # A scope shared by several users (a site's policy), and the trigger id is already used by a
+        # run of it this user may not see: do not reveal it.
         raise ApiError(409, "duplicate_id", f"the id is already used by another run of {agent}")
-    return JsonResponse(run_json(run), status=201)
+    return JsonResponse(run_json(run, viewer=user), status=201)
 
 
 @api_view("GET")
 def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
-    return JsonResponse(run_json(_run_for(request, run_id)))
+    """The run, its open wait point, the ids of the inputs it took, and one window of its steps
+    (a run may have thousands): the latest ``STEPS_LIMIT`` by default.
+
+    - ``?steps_after=<index>``: the first ``steps_limit`` steps with an index above it (forward:
+      a client that has steps up to ``index`` asks for what came since).
+    - ``?steps_before=<index>``: the last ``steps_limit`` steps with an index below it (backward,
+      from the latest to index 0).
+    - ``?steps_limit=<n>``: 1 to ``MAX_STEPS_LIMIT``, default ``STEPS_LIMIT``.
+
+    ``steps_page`` says ``{limit, total, earlier, later}``: whether steps exist before the first
+    and after the last step returned. Parameters are ASCII digits; anything else is a 400."""
+    window = StepWindow(
+        after=query_int(request, "steps_after"),
+        before=query_int(request, "steps_before"),
+        limit=query_int(request, "steps_limit", minimum=1, maximum=MAX_STEPS_LIMIT) or STEPS_LIMIT,
+    )
+    return JsonResponse(run_json(_run_for(request, run_id), viewer=request.api_user, window=window))  # type: ignore[attr-defined]
 
 
 @api_view("POST")
 def run_cancel(request: HttpRequest, run_id: str) -> HttpResponse:
-    run = _run_for(request, run_id, steer=True)
+    run = _run_for(request, run_id, cancel=True)
     api.cancel_run(run.pk)
     run.refresh_from_db()
-    return JsonResponse(run_json(run), status=202 if run.status == "running" else 200)
+    status = 202 if run.status == "running" else 200
+    return JsonResponse(run_json(run, viewer=request.api_user), status=status)  # type: ignore[attr-defined]
 
 
 @api_view("POST")
@@ -186,12 +236,17 @@ def run_input(request: HttpRequest, run_id: str) -> HttpResponse:
 DECISION_STATUS = {"not_found": 404, "bad_token": 403, "already_decided": 409, "expired": 410}
 
 
+# The frames of a crash below (the store's included: the filter applies to callees) are in error
+# reports with their variables; a token there would let whoever reads the mail decide the approval.
+@sensitive_variables("data", "token")
 def _decide(request: HttpRequest, approval_id: str, decision: str) -> HttpResponse:
     data = _body(request)
     token = data.get("token") or request.GET.get("token")
     reason = data.get("reason", "")
-    if not isinstance(reason, str):
-        raise ApiError(400, "invalid_field", "'reason' must be a string")
+    if not isinstance(reason, str) or has_nul(reason):
+        raise ApiError(400, "invalid_field", "'reason' must be a string without NUL characters")
+    if has_nul(approval_id):
+        raise ApiError(404, "not_found", f"no approval {approval_id}")
     waitpoint = WaitPoint.objects.select_related("run").filter(approval_id=approval_id).first()
     if waitpoint is None:
         raise ApiError(404, "not_found", f"no approval {approval_id}")
@@ -212,11 +267,13 @@ def _decide(request: HttpRequest, approval_id: str, decision: str) -> HttpRespon
     return JsonResponse(waitpoint_json(waitpoint) or {})
 
 
+@sensitive_post_parameters("token")
 @api_view("POST")
 def approval_approve(request: HttpRequest, approval_id: str) -> HttpResponse:
     return _decide(request, approval_id, "approved")
 
 
+@sensitive_post_parameters("token")
 @api_view("POST")
 def approval_deny(request: HttpRequest, approval_id: str) -> HttpResponse:
     return _decide(request, approval_id, "denied")

@@ -8,7 +8,7 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 
 from chamvi_runs import start_run
-from chamvi_runs.models import ApiToken, Run, WaitPoint
+from chamvi_runs.models import ApiToken, Checkpoint, EffectRecord, Run, RunInput, Step, Thread, WaitPoint
 from chamvi_runs.store import hash_token
 from tests.helpers import execute
 from tests.scripted_server import Reply, finish, text, tool_call
@@ -16,13 +16,20 @@ from tests.scripted_server import Reply, finish, text, tool_call
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(30)]
 
 
-def _staff(*perms: str) -> Client:
-    user = get_user_model().objects.create_user("staff", password="pw", is_staff=True)
-    for codename in perms:
-        user.user_permissions.add(Permission.objects.get(codename=codename))
+APP = "chamvi_runs"
+RUN_STATE = [Run, Step, Checkpoint, WaitPoint, RunInput, EffectRecord, Thread]
+
+
+def _staff(*perms: str, username: str = "staff") -> Client:
+    user = get_user_model().objects.create_user(username, password="pw", is_staff=True)
+    user.user_permissions.add(*Permission.objects.filter(content_type__app_label=APP, codename__in=perms))
     client = Client()
     client.force_login(user)
     return client
+
+
+def _snapshot() -> dict[str, list[dict]]:
+    return {model.__name__: list(model.objects.order_by("pk").values()) for model in RUN_STATE}
 
 
 def _waiting(server) -> Run:
@@ -44,14 +51,72 @@ def test_runs_are_read_only_in_the_admin():
     assert client.get("/admin/chamvi_runs/run/add/").status_code == 403
 
 
-def test_the_cancel_action_cancels_through_the_api():
+def test_the_cancel_action_needs_the_cancel_permission():
     run = start_run("basic", "x")
-    client = _staff("view_run", "change_run")
-    response = client.post(
+    changer = _staff("view_run", "change_run", username="changer")
+    assert 'value="cancel_runs"' not in changer.get("/admin/chamvi_runs/run/").content.decode()
+    changer.post("/admin/chamvi_runs/run/", {"action": "cancel_runs", "_selected_action": [run.pk]})
+    assert Run.objects.get(pk=run.pk).status == "queued"
+
+    canceller = _staff("view_run", "cancel_run", username="canceller")
+    assert 'value="cancel_runs"' in canceller.get("/admin/chamvi_runs/run/").content.decode()
+    response = canceller.post(
         "/admin/chamvi_runs/run/", {"action": "cancel_runs", "_selected_action": [run.pk]}, follow=True
     )
     assert response.status_code == 200
     assert Run.objects.get(pk=run.pk).status == "cancelled"
+
+
+@pytest.fixture(params=["staff with every chamvi_runs permission", "superuser"])
+def mighty(request) -> Client:
+    if request.param == "superuser":
+        client = Client()
+        client.force_login(get_user_model().objects.create_superuser("root", "root@example.com", "pw"))
+        return client
+    return _staff(*Permission.objects.filter(content_type__app_label=APP).values_list("codename", flat=True))
+
+
+def test_no_change_form_delete_or_add_in_the_admin_writes_run_state(server, mighty):
+    run = _waiting(server)
+    waitpoint, checkpoint = WaitPoint.objects.get(run=run), Checkpoint.objects.get(run=run)
+    before = _snapshot()
+    assert before["Step"] and before["Checkpoint"] and before["WaitPoint"]
+
+    forms = {
+        f"run/{run.pk}": {
+            "status": "completed",
+            "claim_owner": "admin",
+            "attempt": 0,
+            "_save": "Save",
+            # The inlines' management forms, each deleting its first row.
+            "steps-TOTAL_FORMS": 1,
+            "steps-INITIAL_FORMS": 1,
+            "steps-0-id": Step.objects.filter(run=run).first().pk,
+            "steps-0-run": run.pk,
+            "steps-0-DELETE": "on",
+            "waitpoints-TOTAL_FORMS": 1,
+            "waitpoints-INITIAL_FORMS": 1,
+            "waitpoints-0-id": waitpoint.pk,
+            "waitpoints-0-run": run.pk,
+            "waitpoints-0-DELETE": "on",
+        },
+        f"waitpoint/{waitpoint.pk}": {"decision": "approved", "reason": "admin", "_save": "Save"},
+        f"checkpoint/{checkpoint.pk}": {"step_index": 0, "messages": "[]", "_save": "Save"},
+    }
+    for path, form in forms.items():
+        change = f"/admin/chamvi_runs/{path}/change/"
+        page = mighty.get(change)
+        assert page.status_code == 200 and b'name="_save"' not in page.content, path
+        assert mighty.post(change, form).status_code == 403, path
+        delete = f"/admin/chamvi_runs/{path}/delete/"
+        assert mighty.get(delete).status_code == 403, path
+        assert mighty.post(delete, {"post": "yes"}).status_code == 403, path
+    for model, pk in (("run", run.pk), ("waitpoint", waitpoint.pk), ("checkpoint", checkpoint.pk)):
+        changelist = f"/admin/chamvi_runs/{model}/"
+        assert 'value="delete_selected"' not in mighty.get(changelist).content.decode(), model
+        mighty.post(changelist, {"action": "delete_selected", "_selected_action": [pk], "post": "yes"})
+        assert mighty.get(f"{changelist}add/").status_code == 403, model
+    assert _snapshot() == before
 
 
 def test_approve_actions_need_the_approve_permission(server):
@@ -87,3 +152,23 @@ def test_an_api_token_created_in_the_admin_is_shown_once_and_stored_hashed():
     assert raw.startswith("chv_") and token.token_hash == hash_token(raw)
     assert raw not in str(list(ApiToken.objects.values()))
     assert Client().get("/chamvi/api/runs/nope/", HTTP_AUTHORIZATION=f"Bearer {raw}").status_code == 404
+
+
+def test_staff_mint_api_tokens_for_themselves_only(django_user_model):
+    root = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
+    minter = _staff("add_apitoken", "view_apitoken", username="minter")
+    form = minter.get("/admin/chamvi_runs/apitoken/add/").content.decode()
+    assert 'name="user"' not in form, "no choice of whom the token acts as"
+    response = minter.post("/admin/chamvi_runs/apitoken/add/", {"user": root.pk, "name": "as root"})
+    assert response.status_code == 302
+    token = ApiToken.objects.get(name="as root")
+    assert token.user.username == "minter"
+    assert not ApiToken.objects.filter(user=root).exists()
+
+    # A superuser may mint for anyone; the staff user does not even see that token.
+    superuser = Client()
+    superuser.force_login(root)
+    superuser.post("/admin/chamvi_runs/apitoken/add/", {"user": root.pk, "name": "root's"})
+    assert ApiToken.objects.get(name="root's").user == root
+    listing = minter.get("/admin/chamvi_runs/apitoken/").content.decode()
+    assert "as root" in listing and "root&#x27;s" not in listing and "root's" not in listing

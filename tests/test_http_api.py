@@ -19,6 +19,7 @@ from rq.serializers import JSONSerializer
 from chamvi_runs import start_run, store
 from chamvi_runs.auth import create_token
 from chamvi_runs.models import ApiToken, Run, RunInput, WaitPoint
+from chamvi_runs.policy import DefaultPolicy
 from tests.helpers import execute
 from tests.scripted_server import Reply, error_event, finish, text, tool_call, usage
 from tests.testapp.models import Refund
@@ -316,7 +317,15 @@ def test_the_same_trigger_id_returns_the_same_run_once(admin, queue):
     assert other.status_code == 201 and other.json()["id"] != first.json()["id"]
 
 
-def test_a_trigger_id_does_not_reveal_another_users_run(admin, make_user, queue):
+class TeamPolicy(DefaultPolicy):
+    """A site whose users share one scope of keys and trigger ids."""
+
+    def scope(self, user: Any) -> str:
+        return "team"
+
+
+def test_a_trigger_id_in_a_shared_scope_does_not_reveal_another_users_run(admin, make_user, queue, settings):
+    settings.CHAMVI_RUNS = {**settings.CHAMVI_RUNS, "POLICY": "tests.test_http_api.TeamPolicy"}
     first = admin.post(RUNS, {"agent": "basic", "payload": {"secret": "s3"}, "id": "evt-1"})
     assert first.status_code == 201
     response = session_api(make_user("chamvi_runs.add_run")).post(
@@ -396,7 +405,7 @@ def test_cancel_a_queued_run(admin):
     assert admin.get(f"{RUNS}{run_id}/").json()["status"] == "cancelled"
 
 
-def test_cancel_needs_steering_rights(make_user):
+def test_cancel_needs_the_cancel_permission(make_user):
     creator = make_user("chamvi_runs.add_run")
     run_id = session_api(creator).post(RUNS, {"agent": "basic", "payload": 1}).json()["id"]
     url = f"{RUNS}{run_id}/cancel/"
@@ -409,7 +418,11 @@ def test_cancel_needs_steering_rights(make_user):
     assert Run.objects.get(pk=run_id).status == "queued"
 
     changer = session_api(make_user("chamvi_runs.view_run", "chamvi_runs.change_run")).post(url)
-    assert changer.status_code == 200
+    assert changer.status_code == 403
+    assert Run.objects.get(pk=run_id).status == "queued"
+
+    canceller = session_api(make_user("chamvi_runs.view_run", "chamvi_runs.cancel_run")).post(url)
+    assert canceller.status_code == 200
     assert Run.objects.get(pk=run_id).status == "cancelled"
 
 
