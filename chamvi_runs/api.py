@@ -121,6 +121,8 @@ def cancel_run(run_id: str) -> str:
 
 
 def _decide(approval_id: str, decision: str, by: Any, reason: str, token: str | None) -> WaitPoint:
+    if not isinstance(reason, str) or has_nul(reason):
+        raise InvalidPayload("reason must be a string without NUL characters")
     with transaction.atomic():
         waitpoint = store.decide(approval_id, decision, by=by, reason=reason, token=token)
         enqueue(waitpoint.run_id)

@@ -521,6 +521,15 @@ def test_null_and_nul_steering_inputs_are_refused(server):
     api.cancel_run(run.pk)
 
 
+def test_a_decision_reason_with_a_nul_is_refused_and_decides_nothing(server):
+    server.script("m-approving", [Reply(tool_call("c1", "refund", REFUND), finish("tool_calls"))])
+    run = execute(start_run("approving", "x"))
+    waitpoint = WaitPoint.objects.get(run=run)
+    with pytest.raises(InvalidPayload, match="NUL"):
+        approve(waitpoint.approval_id, reason="ok\x00")
+    assert WaitPoint.objects.get(pk=waitpoint.pk).decision is None
+
+
 def test_nul_characters_from_the_model_and_tools_are_stored_as_replacement_characters(server):
     server.script(
         "m-basic",
