@@ -1,21 +1,17 @@
-"""Publishing run events: a per-run ``seq`` and a replay buffer, then the channel layer.
-
-``seq`` starts at 1 and grows by 1 per run across every process: it is allocated in Redis when the
-queue's Redis is in use, else in this process (embedded mode, one process by definition). Deltas are
-disposable: a failing channel layer never fails a run.
+"""Publishing run events: each is recorded in the replay buffer (``buffer.py``, which stamps its
+``seq``), then sent to the channel layer groups of its run and thread. Deltas are disposable: a
+failing channel layer never fails a run.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import queue
 import threading
-import time
 from typing import Any
 
-from .conf import conf
+from .buffer import MemoryEventLog, RedisEventLog, event_log
 
 logger = logging.getLogger(__name__)
 
@@ -29,92 +25,6 @@ def thread_group(thread: str) -> str:
     import hashlib
 
     return f"chamvi.thread.{hashlib.sha256(thread.encode()).hexdigest()[:40]}"
-
-
-class MemoryEventLog:
-    """Embedded mode's buffer: a run's events are dropped ``STREAM_BUFFER_SECONDS`` after its last
-    one, like Redis keys expire; its seq counter is kept (a few bytes) so a resumed run goes on."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._events: dict[str, list[dict[str, Any]]] = {}
-        self._seq: dict[str, int] = {}
-        self._touched: dict[str, float] = {}
-
-    def append(self, run_id: str, event: dict[str, Any]) -> dict[str, Any]:
-        with self._lock:
-            now = time.monotonic()
-            self._prune(now)
-            seq = self._seq[run_id] = self._seq.get(run_id, 0) + 1
-            event = {**event, "seq": seq}
-            self._events.setdefault(run_id, []).append(event)
-            self._touched[run_id] = now
-            return event
-
-    def _prune(self, now: float) -> None:
-        horizon = now - float(conf.STREAM_BUFFER_SECONDS)
-        for run_id in [r for r, t in self._touched.items() if t < horizon]:
-            del self._touched[run_id]
-            self._events.pop(run_id, None)
-
-    def append_many(self, items: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
-        return [self.append(run_id, event) for run_id, event in items]
-
-    def after(self, run_id: str, seq: int) -> list[dict[str, Any]]:
-        with self._lock:
-            return [e for e in self._events.get(run_id, []) if e["seq"] > seq]
-
-
-SEQ_TTL = 90 * 24 * 3600
-
-
-class RedisEventLog:
-    """One Redis list per run (index = seq - 1) and a counter, both expiring after the buffer time."""
-
-    # Allocate the seq and append in one server-side step, so seq order equals list order. The seq is
-    # spliced into the JSON text: cjson would turn empty lists into objects. The counter outlives the
-    # buffer (SEQ_TTL): a run that waits a day for approval must not start again at seq 1.
-    SCRIPT = """
-    local seq = redis.call('INCR', KEYS[1])
-    local encoded = string.sub(ARGV[1], 1, -2) .. ',"seq":' .. seq .. '}'
-    redis.call('RPUSH', KEYS[2], encoded)
-    redis.call('EXPIRE', KEYS[1], ARGV[3])
-    redis.call('EXPIRE', KEYS[2], ARGV[2])
-    return encoded
-    """
-
-    def __init__(self, connection: Any) -> None:
-        self.connection = connection
-        self._append = connection.register_script(self.SCRIPT)
-
-    def append_many(self, items: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
-        """Append a batch in one round trip (a pipeline of script calls, run in order)."""
-        ttl = max(int(conf.STREAM_BUFFER_SECONDS), 1)
-        pipe = self.connection.pipeline(transaction=False)
-        for run_id, event in items:
-            keys = [f"chamvi:seq:{run_id}", f"chamvi:events:{run_id}"]
-            self._append(keys=keys, args=[json.dumps(event), ttl, max(ttl, SEQ_TTL)], client=pipe)
-        return [json.loads(encoded) for encoded in pipe.execute()]
-
-    def after(self, run_id: str, seq: int) -> list[dict[str, Any]]:
-        return [json.loads(raw) for raw in self.connection.lrange(f"chamvi:events:{run_id}", seq, -1)]
-
-
-_memory_log = MemoryEventLog()
-_redis_logs: dict[str, RedisEventLog] = {}
-_logs_lock = threading.Lock()
-
-
-def event_log() -> MemoryEventLog | RedisEventLog:
-    if conf.EXECUTOR == "thread":
-        return _memory_log
-    import django_rq
-
-    # One client (and connection pool) per queue and process: redis-py clients are thread-safe.
-    with _logs_lock:
-        if conf.QUEUE not in _redis_logs:
-            _redis_logs[conf.QUEUE] = RedisEventLog(django_rq.get_connection(conf.QUEUE))
-        return _redis_logs[conf.QUEUE]
 
 
 class Publisher:
@@ -267,6 +177,8 @@ class EventWriter:
                 logger.exception("could not record %d events", len(chunk))
                 stamped = []
             for event, (_, _, _, groups) in zip(stamped, chunk, strict=False):
+                if event is None:
+                    continue  # a region already holds it
                 message = {"type": "chamvi.event", "event": event}
                 for group in groups:
                     publisher.send(group, message)

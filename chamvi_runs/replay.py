@@ -1,39 +1,117 @@
-"""Events of a run whose replay buffer has expired, rebuilt from its stored steps.
+"""What a client gets when it asks for a run's events after a seq (SPEC §8), websocket and SSE alike.
 
-Deltas are not stored, so a step's text arrives as one ``delta`` per kind; seq still starts at 1
-and has no gaps, as for a live run.
+1. The buffer (``buffer.py``) holds every event after the seq: exactly those, in seq order, once.
+2. It does not (the buffer expired, the cap trimmed it, Redis lost it): the run is rebuilt from its
+   stored steps: ``run.start``, each step (its text as one ``delta`` per kind, its tool calls and
+   results), its open ``run.waiting``, its ``run.end``. The rebuild is numbered after the run's
+   highest seq N and opened by a ``replay.truncated`` event at N+1, which tells the client that the
+   events before it are gone and to drop what it rendered of the run: what follows rebuilds it. So
+   a client's seqs only grow, and every seq it was sent is a valid place to resume from.
+
+   - Active run: the rebuild is stored in the buffer as a region, atomically after the counter,
+     followed by the buffered events of what is not stored yet (the step in flight, a later
+     ``run.waiting``); the counter moves past the region, so the run's next live event has the
+     next seq: no gap and no duplicate for anyone. Every later client behind the buffer is served
+     from that region. A client that was up to date sees live seqs jump past the region and, like
+     any client that sees a gap, reads the buffer after its last seq: it gets the marker and the
+     region too.
+   - Settled run: nothing follows, nothing is stored: the same rebuild is computed each time and
+     numbered after N, so a client that resumes inside it goes on where it stopped.
+   - No seq known at all (the counter's 90 days are over, or Redis lost its data): the rebuild is
+     numbered from 1 with no marker, as the run's first events.
+3. A rebuild carries the latest ``REBUILD_STEPS`` steps at most; then its marker's ``from_step``
+   says where it starts (earlier steps are in the run's JSON).
+
+Where this bends "every event after that seq exactly once": a client behind the buffer gets the
+marker and the rebuild instead of the lost events (deltas are not stored: a step's text comes as
+one delta); of a step in flight longer than the cap, only the events still held are carried.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .broadcast import event_log
-from .core.states import TERMINAL
-from .models import Run
+from .buffer import BUFFER_EVENTS, MARKER, Rebuild, buffer_ttl, event_log, region
+from .core.states import TERMINAL, Status
+from .models import Run, Step
 from .serializers import run_end_event
+
+# A step is at most 4 events in a rebuild (start, two deltas, end): a region stays well within the
+# cap, so the events after it are kept too.
+REBUILD_STEPS = BUFFER_EVENTS // 20
 
 
 def replay_after(run_id: str, after: int) -> list[dict[str, Any]]:
-    """The run's events with a seq above ``after``: from the buffer, or, for a settled run whose
-    buffer has expired, rebuilt from its stored steps. Serves the websocket and SSE alike."""
+    """Every event of the run with a seq above ``after``, in seq order, each once (the rules above).
+    Reads the database only when the buffer cannot answer."""
     log = event_log()
-    events = log.after(run_id, after)
-    if events or (after and log.after(run_id, 0)):
-        return events
+    window = log.window(run_id, after)
+    up_to_date = window.top > 0 and after <= window.top
+    if window.events is not None and (window.events or up_to_date):
+        return window.events
     run = Run.objects.filter(pk=run_id).first()
-    # Only a settled run: a live one goes on publishing with the buffer's own seq.
-    if run is None or run.status not in TERMINAL:
-        return []
-    return [e for e in events_from_steps(run) if e["seq"] > after]
+    if run is None:
+        return window.events or []
+    if run.status in TERMINAL:
+        return [e for e in region(rebuild(run), [], window.top) if e["seq"] > after]
+    if window.events is None or (window.top == 0 and run.started_at is not None):
+        # Behind the buffer, or the run has run while no seq is known: store the rebuild.
+        return [e for e in log.rebase(run_id, rebuild(run), after) if e["seq"] > after]
+    return []
+
+
+def buffered_after(run_id: str, after: int) -> list[dict[str, Any]] | None:
+    """The buffered events after ``after``, or None when some are gone and ``replay_after`` must
+    rebuild the run. Never reads the database: for a stream that repairs what the layer lost."""
+    return event_log().window(run_id, after).events
 
 
 def events_from_steps(run: Run) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = [{"type": "run.start", "status": "running"}]
+    """The run rebuilt from its stored steps, numbered from 1."""
+    return region(rebuild(run), [], 0)
+
+
+def rebuild(run: Run) -> Rebuild:
+    steps = list(run.steps.order_by("-index")[: REBUILD_STEPS + 1])[::-1]
+    truncated = len(steps) > REBUILD_STEPS
+    if truncated:
+        # A tool step takes its call id from the model call before it: start at a model call.
+        first = next((n for n, s in enumerate(steps) if n > 0 and s.kind == "llm"), len(steps))
+        steps = steps[first:]
+    events: list[dict[str, Any]] = [{"type": "run.start", "status": Status.RUNNING.value}]
+    events += _step_events(steps)
+    waiting = run.waitpoints.filter(decision__isnull=True).first() if run.status == Status.WAITING else None
+    if waiting is not None:
+        events.append(
+            {
+                "type": "run.waiting",
+                "approval_id": waiting.approval_id,
+                "tool_name": waiting.tool_name,
+                "input": waiting.input,
+                "expires_at": waiting.expires_at.isoformat() if waiting.expires_at else None,
+            }
+        )
+    if run.finished_at is not None:
+        events.append(run_end_event(run))
+    events = [{**event, "run_id": run.pk} for event in events]
+    first_step = steps[0].index if steps else 0
+    marker = {"type": MARKER, "run_id": run.pk, "status": run.status, "from_step": first_step}
+    return Rebuild(
+        marker=marker,
+        events=events,
+        step=max((s.index for s in steps), default=-1),
+        waiting=f"w:{waiting.approval_id}" if waiting is not None else "",
+        truncated=truncated,
+        ttl=max(buffer_ttl(event) for event in events),
+    )
+
+
+def _step_events(steps: list[Step]) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
     # Tool steps do not store their call id; each takes the first unused call of its name from the
     # model call before it, in order, as the engine ran them.
     unused: list[tuple[str, str]] = []
-    for step in run.steps.all():
+    for step in steps:
         base = {"step": step.index, "attempt": step.attempt}
         output = step.output or {}
         if step.kind == "llm":
@@ -51,17 +129,4 @@ def events_from_steps(run: Run) -> list[dict[str, Any]]:
             events.append({"type": "tool.call", **call, "input": step.input})
             result = {"error": step.error} if step.error else {"output": step.output}
             events.append({"type": "tool.result", **call, **result})
-    waiting = run.waitpoints.filter(decision__isnull=True).first()
-    if waiting is not None and run.status == "waiting":
-        events.append(
-            {
-                "type": "run.waiting",
-                "approval_id": waiting.approval_id,
-                "tool_name": waiting.tool_name,
-                "input": waiting.input,
-                "expires_at": waiting.expires_at.isoformat() if waiting.expires_at else None,
-            }
-        )
-    if run.finished_at is not None:
-        events.append(run_end_event(run))
-    return [{**event, "run_id": run.pk, "seq": n} for n, event in enumerate(events, start=1)]
+    return events

@@ -1,71 +1,240 @@
 """``GET chamvi/api/runs/<id>/stream/``: the run's events as Server-Sent Events.
 
-The same events as the websocket, read from the replay buffer (so any web replica can serve any
-run, whichever process executes it), then followed until ``run.end``. ``?after=<seq>`` or the
-``Last-Event-ID`` header resumes after a seq. A run whose buffer has expired is served from its
-stored steps.
+The same events as the websocket, with the same replay rules (``replay.py``): ``?after=<seq>`` or
+the ``Last-Event-ID`` header (ASCII digits, else a JSON 400) resumes after a seq. Any web replica
+serves any run, whichever process executes it.
+
+A stream holds no database connection while it waits, so a web process serves as many streams as
+it has sockets for. It follows the run's channel-layer group on a channel of its own, as a
+websocket consumer does. It touches the database only to authorize the request, to replay what
+the buffer cannot give, and to look at the run's status after a quiet minute, each time in a
+worker thread whose connection is closed at once. The replay buffer is read to repair what the
+layer lost (at most once, SPEC §8 wants exactly once): a live event after a gap makes the stream
+send the missing ones first, and a quiet stream reads the buffer's tail now and then (the lost
+event may be ``run.end``).
+
+The stream opens with a comment line (daphne sends the headers with the first chunk), ends after
+``run.end``, or when the run has settled (or is gone) and no ``run.end`` comes within
+``SETTLE_GRACE_SECONDS``. A comment line goes out after ``KEEPALIVE_SECONDS`` of silence, so
+proxies keep the connection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
-from collections.abc import AsyncIterator
-from typing import Any
+import logging
+import re
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
+from channels.layers import InMemoryChannelLayer, get_channel_layer
+from django.db import connections
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
+from .broadcast import publisher, run_group
 from .core.states import TERMINAL
 from .models import Run
-from .replay import replay_after
+from .replay import buffered_after, replay_after
 from .views_api import ApiError, _run_for, api_view
 
-POLL_SECONDS = 0.1
+logger = logging.getLogger(__name__)
+
 KEEPALIVE_SECONDS = 15.0
 SETTLE_GRACE_SECONDS = 2.0
+STATUS_SECONDS = 60.0
+QUIET_SECONDS = 1.0
+QUIET_MAX_SECONDS = 30.0
+NO_LAYER_POLL_SECONDS = 0.25
+SEQ = re.compile(r"[0-9]{1,15}")
+
+T = TypeVar("T")
 
 
 @api_view("GET")
 def run_stream(request: HttpRequest, run_id: str) -> HttpResponse:
     run = _run_for(request, run_id)
-    raw = request.GET.get("after") or request.headers.get("Last-Event-ID") or "0"
-    if not raw.isdigit():
-        raise ApiError(400, "invalid_field", "'after' must be a non-negative integer")
-    response = StreamingHttpResponse(_events(run.pk, int(raw)), content_type="text/event-stream")
+    response = StreamingHttpResponse(_events(run.pk, _after(request)), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response
+
+
+def _after(request: HttpRequest) -> int:
+    """The seq to resume after: ``?after=`` first, else ``Last-Event-ID``, else 0. Only ASCII digits:
+    ``str.isdigit()`` accepts "²", which ``int()`` refuses."""
+    sources = (("'after'", request.GET.get("after")), ("Last-Event-ID", request.headers.get("Last-Event-ID")))
+    for name, raw in sources:
+        if raw:
+            if not SEQ.fullmatch(raw):
+                message = f"{name} must be a seq: a non-negative integer in ASCII digits"
+                raise ApiError(400, "invalid_field", message)
+            return int(raw)
+    return 0
 
 
 def _frame(event: dict[str, Any]) -> str:
     return f"id: {event['seq']}\nevent: {event['type']}\ndata: {json.dumps(event)}\n\n"
 
 
-def _read(run_id: str, after: int) -> tuple[list[dict[str, Any]], bool]:
-    """Events after ``after``, and whether the run had settled before they were read."""
+async def _briefly(fn: Callable[..., T], *args: Any) -> T:
+    """``fn`` in a worker thread whose database connection is closed when it returns."""
+
+    def call() -> T:
+        try:
+            return fn(*args)
+        finally:
+            connections.close_all()
+
+    return await sync_to_async(call, thread_sensitive=False)()
+
+
+def _opening(run_id: str, after: int) -> tuple[list[dict[str, Any]], bool]:
+    """The replay after ``after``, and whether the run had settled (or was gone) before it."""
+    settled = _settled(run_id)
+    return replay_after(run_id, after), settled
+
+
+def _settled(run_id: str) -> bool:
     status = Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
-    return replay_after(run_id, after), status in TERMINAL or status is None
+    return status is None or status in TERMINAL
+
+
+class _Follower:
+    """The run's group on a channel of this stream's own; None from ``next`` when nothing came in
+    time. A pending receive is kept across timeouts: cancelling one can lose a message."""
+
+    def __init__(self, run_id: str) -> None:
+        self.group = run_group(run_id)
+        self.layer = get_channel_layer()
+        self.channel = ""
+        self.pending: asyncio.Future[Any] | None = None
+        if isinstance(self.layer, InMemoryChannelLayer):
+            # Executor threads must publish on this loop, the one the in-memory queues wake.
+            publisher.use_loop()
+
+    async def join(self) -> None:
+        if self.layer is not None:
+            if not self.channel:
+                self.channel = await self.layer.new_channel()
+            # Also renews the membership, which the layer expires (a day by default).
+            await self.layer.group_add(self.group, self.channel)
+
+    async def next(self, timeout: float) -> dict[str, Any] | None:
+        if self.layer is None:
+            await asyncio.sleep(min(timeout, NO_LAYER_POLL_SECONDS))
+            return None
+        if self.pending is None:
+            self.pending = asyncio.ensure_future(self.layer.receive(self.channel))
+        done, _ = await asyncio.wait({self.pending}, timeout=max(timeout, 0))
+        if not done:
+            return None
+        pending, self.pending = self.pending, None
+        try:
+            message = pending.result()
+        except Exception:
+            # The layer failed (e.g. its Redis went away): the buffer repairs what this missed.
+            logger.warning("SSE: could not receive from %s", self.group, exc_info=True)
+            await asyncio.sleep(QUIET_SECONDS)
+            return None
+        event = message.get("event") if isinstance(message, dict) else None
+        return event if isinstance(event, dict) else None
+
+    async def leave(self) -> None:
+        if self.pending is not None:
+            self.pending.cancel()
+        if self.layer is not None and self.channel:
+            try:
+                await self.layer.group_discard(self.group, self.channel)
+            except Exception:  # the membership expires on its own
+                logger.warning("SSE: could not leave %s", self.group, exc_info=True)
+
+
+class _Sent:
+    """What the stream has sent: the last seq, and whether that was the run's end."""
+
+    def __init__(self, after: int) -> None:
+        self.last = after
+        self.ended = False
+
+    def frames(self, events: list[dict[str, Any]]) -> list[str]:
+        out = []
+        for event in events:
+            seq = event.get("seq")
+            if self.ended or not isinstance(seq, int) or seq <= self.last:
+                continue
+            self.last = seq
+            self.ended = event.get("type") == "run.end"
+            out.append(_frame(event))
+        return out
+
+
+async def _repair(run_id: str, after: int) -> list[dict[str, Any]]:
+    events = await sync_to_async(buffered_after, thread_sensitive=False)(run_id, after)
+    if events is None:
+        # Behind the buffer: rebuilt from the stored steps.
+        events = await _briefly(replay_after, run_id, after)
+    return events
 
 
 async def _events(run_id: str, after: int) -> AsyncIterator[str]:
-    last = after
-    quiet_since = time.monotonic()
-    while True:
-        events, settled = await sync_to_async(_read)(run_id, last)
-        for event in events:
-            last = event["seq"]
-            yield _frame(event)
-            if event["type"] == "run.end":
+    # The view's connection, opened in this request's thread, would stay open until the response
+    # ends: close it now.
+    await sync_to_async(connections.close_all)()
+    # Servers send the headers with the first chunk: the client learns at once that it is connected.
+    yield ": open\n\n"
+    follower = _Follower(run_id)
+    try:
+        # Join first, then replay: an event published in between arrives twice and is skipped by seq.
+        await follower.join()
+        sent = _Sent(after)
+        events, settled = await _briefly(_opening, run_id, after)
+        for frame in sent.frames(events):
+            yield frame
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        spoke = heard = checked = now
+        settled_at = now if settled else None
+        quiet = QUIET_SECONDS
+        while not sent.ended:
+            deadlines = [spoke + KEEPALIVE_SECONDS, heard + quiet, checked + STATUS_SECONDS]
+            if settled_at is not None:
+                deadlines.append(settled_at + SETTLE_GRACE_SECONDS)
+            event = await follower.next(min(deadlines) - loop.time())
+            now = loop.time()
+            frames: list[str] = []
+            try:
+                if event is not None:
+                    heard, quiet = now, QUIET_SECONDS
+                    seq = event.get("seq")
+                    if isinstance(seq, int) and seq > sent.last + 1:
+                        frames = sent.frames(await _repair(run_id, sent.last))
+                    frames += sent.frames([event])
+                elif now >= heard + quiet:
+                    heard, quiet = now, min(quiet * 2, QUIET_MAX_SECONDS)
+                    frames = sent.frames(await _repair(run_id, sent.last))
+                if settled_at is None and now >= checked + STATUS_SECONDS:
+                    checked = now
+                    settled_at = now if await _briefly(_settled, run_id) else None
+            except Exception:  # Redis or the database hiccuped: try again at the next quiet time
+                logger.warning("SSE: could not read run %s", run_id, exc_info=True)
+            for frame in frames:
+                yield frame
+            if frames:
+                spoke = now
+            elif settled_at is not None and now >= settled_at + SETTLE_GRACE_SECONDS:
+                # The settling process publishes run.end just after its commit; past this grace the
+                # buffer has none (the run settled elsewhere and its end was lost, or it is gone).
+                for frame in sent.frames(await _briefly(replay_after, run_id, sent.last)):
+                    yield frame
                 return
-        if events:
-            quiet_since = time.monotonic()
-        elif settled and time.monotonic() - quiet_since > SETTLE_GRACE_SECONDS:
-            # The settling process publishes run.end just after its commit; past this grace the
-            # buffer has none (it expired, or the run settled elsewhere, e.g. a cancel).
-            return
-        elif time.monotonic() - quiet_since > KEEPALIVE_SECONDS:
-            quiet_since = time.monotonic()
-            yield ": keepalive\n\n"
-        await asyncio.sleep(POLL_SECONDS)
+            elif now >= spoke + KEEPALIVE_SECONDS:
+                spoke = now
+                yield ": keepalive\n\n"
+                try:
+                    await follower.join()
+                except Exception:
+                    logger.warning("SSE: could not renew the membership of %s", follower.group, exc_info=True)
+    finally:
+        await follower.leave()

@@ -2,30 +2,24 @@
 
 from __future__ import annotations
 
-import json
+import asyncio
 
 import pytest
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from django.contrib.auth import get_user_model
+from django.db import close_old_connections, connection
 from django.test import Client
 
-from chamvi_runs import start_run
-from chamvi_runs.models import Step
+from chamvi_runs import start_run, views_stream
+from chamvi_runs.broadcast import ChannelsBroadcaster, event_log
+from chamvi_runs.models import Run, Step
 from tests.helpers import events, execute
-from tests.scripted_server import Reply, finish, text, tool_call
+from tests.scripted_server import Reply, delay, finish, text, tool_call
+from tests.sse_helpers import Stream
+from tests.sse_helpers import body as _body
+from tests.sse_helpers import parse as _parse
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(30)]
-
-
-def _parse(body: bytes) -> list[dict]:
-    frames = [f for f in body.decode().split("\n\n") if f.strip() and not f.startswith(":")]
-    out = []
-    for frame in frames:
-        fields = dict(line.split(": ", 1) for line in frame.splitlines())
-        event = json.loads(fields["data"])
-        assert fields["id"] == str(event["seq"]) and fields["event"] == event["type"]
-        out.append(event)
-    return out
 
 
 @pytest.fixture
@@ -35,13 +29,6 @@ def client():
     c.force_login(user)
     c.user = user
     return c
-
-
-def _body(response) -> bytes:
-    async def collect():
-        return b"".join([chunk async for chunk in response.streaming_content])
-
-    return async_to_sync(collect)()
 
 
 def test_stream_of_a_finished_run_replays_every_event_once(server, client):
@@ -88,3 +75,78 @@ def test_stream_is_only_for_users_who_may_view_the_run(client):
     assert stranger.get(f"/chamvi/api/runs/{run.pk}/stream/").status_code == 404
     assert Client().get(f"/chamvi/api/runs/{run.pk}/stream/").status_code == 401
     assert client.get(f"/chamvi/api/runs/{run.pk}/stream/?after=x").status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("after", "last_event_id"),
+    [("²", None), ("٣", None), ("-1", None), ("1e3", None), (" 4", None), (None, "²"), (None, "abc")],
+)
+def test_a_seq_that_is_not_ascii_digits_is_a_json_400(client, after, last_event_id):
+    run = start_run("basic", "x", created_by=client.user)
+    headers = {"HTTP_LAST_EVENT_ID": last_event_id} if last_event_id else {}
+    response = client.get(f"/chamvi/api/runs/{run.pk}/stream/", {"after": after} if after else {}, **headers)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_field"
+
+
+def _execute_in_thread(run_id: str) -> Run:
+    try:
+        return execute(run_id)
+    finally:
+        close_old_connections()
+        connection.close()
+
+
+def test_a_stream_follows_a_run_live_until_run_end(server, client):
+    server.script("m-basic", [Reply(text("Hel"), delay(0.3), text("lo"), finish("stop"))])
+    run = start_run("basic", "x", created_by=client.user)
+
+    async def scenario():
+        stream = Stream(await sync_to_async(client.get)(f"/chamvi/api/runs/{run.pk}/stream/"))
+        execution = asyncio.ensure_future(sync_to_async(_execute_in_thread, thread_sensitive=False)(run.pk))
+        first = await stream.next()
+        assert not execution.done(), "the first event came live, while the model was answering"
+        rest = await stream.until("run.end")
+        assert await stream.next() is None
+        await execution
+        return [first, *rest]
+
+    assert async_to_sync(scenario)() == events(run)
+
+
+def test_a_stream_sends_what_the_channel_layer_lost_from_the_buffer(client):
+    run = start_run("basic", "x", created_by=client.user)
+    log = event_log()
+
+    async def scenario():
+        stream = Stream(await sync_to_async(client.get)(f"/chamvi/api/runs/{run.pk}/stream/"))
+        # Recorded but never delivered by the layer, then a live one: the gap is filled first.
+        lost = await sync_to_async(log.append_many)([(run.pk, {"type": "probe", "run_id": run.pk, "n": 1})])
+        broadcaster = ChannelsBroadcaster(None)
+        await sync_to_async(broadcaster.publish)(run.pk, {"type": "probe", "n": 2})
+        await sync_to_async(broadcaster.flush)()
+        got = [await stream.next(), await stream.next()]
+        # A lost last event (nothing live follows it) is found when the stream is quiet.
+        end = {"type": "run.end", "run_id": run.pk, "status": "cancelled"}
+        lost += await sync_to_async(log.append_many)([(run.pk, end)])
+        got.append(await stream.next())
+        assert await stream.next() is None
+        return got, lost
+
+    got, lost = async_to_sync(scenario)()
+    assert [e["seq"] for e in got] == [1, 2, 3]
+    assert got[0] == lost[0] and got[2] == lost[1] and got[1]["n"] == 2
+
+
+def test_a_quiet_stream_sends_keepalives(client, monkeypatch):
+    monkeypatch.setattr(views_stream, "KEEPALIVE_SECONDS", 0.2)
+    run = start_run("basic", "x", created_by=client.user)
+
+    async def scenario():
+        response = await sync_to_async(client.get)(f"/chamvi/api/runs/{run.pk}/stream/")
+        chunks = response.streaming_content.__aiter__()
+        got = [await asyncio.wait_for(chunks.__anext__(), 5) for _ in range(3)]
+        await chunks.aclose()
+        return got
+
+    assert async_to_sync(scenario)()[1:] == [b": keepalive\n\n"] * 2

@@ -1,0 +1,153 @@
+"""The replay buffer's rules, the same for Redis and for embedded mode's memory: events keyed by
+seq, a lifetime that follows the run, a cap, and regions rebuilt from steps."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from chamvi_runs import buffer
+from chamvi_runs.buffer import MemoryEventLog, Rebuild, RedisEventLog
+
+pytestmark = pytest.mark.timeout(30)
+
+RUN = "run_buffertest"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(params=["redis", "memory"])
+def log(request: pytest.FixtureRequest) -> Iterator[Any]:
+    if request.param == "memory":
+        yield MemoryEventLog(clock=Clock())
+        return
+    import django_rq
+
+    connection = django_rq.get_connection("chamvi")
+    keys = RedisEventLog._keys(RUN)
+    connection.delete(*keys)
+    yield RedisEventLog(connection)
+    connection.delete(*keys)
+
+
+def expire(log: Any) -> None:
+    """Let the buffer's lifetime pass; the seq counter outlives it."""
+    if isinstance(log, MemoryEventLog):
+        log.clock.now += 10**9
+    else:
+        log.connection.delete(f"chamvi:events:{RUN}", f"chamvi:region:{RUN}")
+
+
+def step(index: int, *kinds: str) -> list[dict[str, Any]]:
+    kinds = kinds or ("step.start", "step.end")
+    return [{"type": kind, "run_id": RUN, "step": index, "attempt": 1} for kind in kinds]
+
+
+def append(log: Any, events: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
+    return log.append_many([(RUN, event) for event in events])
+
+
+def seqs(events: list[dict[str, Any]] | None) -> list[int] | None:
+    return None if events is None else [e["seq"] for e in events]
+
+
+def test_events_are_kept_by_seq_across_an_expiry(log):
+    assert seqs(append(log, [{"type": "run.start", "run_id": RUN}, *step(0)])) == [1, 2, 3]
+    expire(log)
+    assert seqs(append(log, step(1))) == [4, 5]
+    window = log.window(RUN, 3)
+    assert window.top == 5 and seqs(window.events) == [4, 5]
+    assert log.window(RUN, 4).events[0]["type"] == "step.end"
+    # Seqs 2 and 3 are gone: whoever asks from before them is told so, not given a partial list.
+    assert log.window(RUN, 1) == (5, None)
+    assert log.window(RUN, 5) == (5, [])
+    assert log.window(RUN, 9) == (5, [])
+
+
+def test_a_runs_buffer_keeps_the_latest_events_up_to_the_cap(log, monkeypatch):
+    monkeypatch.setattr(buffer, "BUFFER_EVENTS", 5)
+    append(log, [e for n in range(6) for e in step(n)])
+    assert seqs(log.after(RUN, 0)) == [8, 9, 10, 11, 12]
+    assert seqs(log.window(RUN, 9).events) == [10, 11, 12]
+    assert seqs(log.window(RUN, 7).events) == [8, 9, 10, 11, 12]
+    assert log.window(RUN, 6).events is None
+
+
+def rebuild(step_index: int, waiting: str = "") -> Rebuild:
+    events = [{"type": "run.start", "run_id": RUN}]
+    for n in range(step_index + 1):
+        events += step(n, "step.start", "delta", "step.end")
+    if waiting:
+        events.append({"type": "run.waiting", "run_id": RUN, "approval_id": waiting})
+    marker = {"type": buffer.MARKER, "run_id": RUN, "status": "running", "from_step": 0}
+    return Rebuild(marker, events, step_index, f"w:{waiting}" if waiting else "", False, 3600)
+
+
+def test_a_region_is_numbered_after_the_counter_and_carries_the_step_in_flight(log, monkeypatch):
+    monkeypatch.setattr(buffer, "BUFFER_EVENTS", 6)
+    # Steps 0 and 1 are stored; step 2 is streaming.
+    in_flight = step(2, "step.start", "delta", "delta")
+    append(log, [{"type": "run.start", "run_id": RUN}, *step(0), *step(1), *in_flight])
+    assert log.window(RUN, 0).events is None
+    region = log.rebase(RUN, rebuild(1), 0)
+    assert seqs(region) == list(range(9, 9 + len(region)))
+    kinds = [(e["type"], e.get("step")) for e in region]
+    assert kinds[:2] == [(buffer.MARKER, None), ("run.start", None)]
+    # The stored steps rebuilt, then the held events of the step in flight.
+    assert kinds[-3:] == [("step.start", 2), ("delta", 2), ("delta", 2)]
+    assert kinds[2:-3] == [(k, n) for n in (0, 1) for k in ("step.start", "delta", "step.end")]
+    # Every client behind the buffer is served from the region, whoever asked first.
+    assert log.rebase(RUN, rebuild(1), 0) == region
+    assert log.window(RUN, 0).events == region
+    assert log.window(RUN, 8).events == region
+    # What the region covers and the executing process records late is dropped; the rest goes on.
+    late = append(log, [*step(1, "step.end"), {"type": "run.start", "run_id": RUN}, *step(2, "delta")])
+    assert late[:2] == [None, None] and late[2]["seq"] == region[-1]["seq"] + 1
+    assert log.window(RUN, region[-1]["seq"]).events == [late[2]]
+
+
+def test_a_region_of_a_waiting_run_after_an_expiry_holds_its_approval_once(log):
+    append(log, [{"type": "run.start", "run_id": RUN}, *step(0), *step(1, "wait")])
+    expire(log)
+    region = log.rebase(RUN, rebuild(1, waiting="apr_1"), 0)
+    assert [e["type"] for e in region][-1] == "run.waiting" and region[0]["seq"] == 5
+    # The executing process records its run.waiting after the step: it is not sent a second time.
+    assert append(log, [{"type": "run.waiting", "run_id": RUN, "approval_id": "apr_1"}]) == [None]
+    resumed = append(log, [{"type": "run.resume", "run_id": RUN}, *step(2, "tool.call")])
+    assert seqs(resumed) == [region[-1]["seq"] + 1, region[-1]["seq"] + 2]
+
+
+def test_a_region_is_not_stored_when_the_buffer_holds_the_events_after_all(log):
+    # A client found no seq at all and the run started; meanwhile its first events were recorded.
+    append(log, [{"type": "run.start", "run_id": RUN}, *step(0)])
+    assert seqs(log.rebase(RUN, rebuild(0), 0)) == [1, 2, 3]
+    assert seqs(append(log, step(1))) == [4, 5]
+
+
+def test_an_active_runs_buffer_lives_through_its_wait_and_ends_after_run_end(log, settings):
+    settings.CHAMVI_RUNS = {**settings.CHAMVI_RUNS, "STREAM_BUFFER_SECONDS": 60, "APPROVAL_TTL": 3600}
+    expires = (timezone.now() + timedelta(days=3)).isoformat()
+    waiting = {"type": "run.waiting", "run_id": RUN, "approval_id": "apr_1", "expires_at": expires}
+    append(log, [*step(0), waiting])
+    if isinstance(log, MemoryEventLog):
+        log.clock.now += 3 * 24 * 3600 - 60
+        assert seqs(log.window(RUN, 0).events) == [1, 2, 3]
+    else:
+        assert 3 * 24 * 3600 < log.connection.ttl(f"chamvi:events:{RUN}") <= 3 * 24 * 3600 + 60
+    append(log, [{"type": "run.end", "run_id": RUN, "status": "completed"}])
+    if isinstance(log, MemoryEventLog):
+        log.clock.now += 61
+        assert log.window(RUN, 0) == (4, None)
+    else:
+        assert 0 < log.connection.ttl(f"chamvi:events:{RUN}") <= 60
+        assert log.connection.ttl(f"chamvi:seq:{RUN}") > 30 * 24 * 3600
