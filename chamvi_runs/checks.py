@@ -1,4 +1,5 @@
-"""System checks for ``settings.CHAMVI_RUNS``: a wrong value is an error naming the key.
+"""System checks for ``settings.CHAMVI_RUNS`` (a wrong value is an error naming the key), and for
+the settings of other apps that chamvi_runs relies on.
 
 =========  ==================================================================
 id         problem
@@ -21,6 +22,8 @@ E015       ``MAX_INVALID_TOOL_CALLS`` is not a positive int
 E016       ``HEARTBEAT_SECONDS`` is more than half of ``LEASE_SECONDS``
 W001       an unknown key in ``CHAMVI_RUNS`` (a typo?)
 W002       ``RQ['WORKER_CLASS']`` is not ``chamvi_runs.worker.Worker`` (``rq`` executor)
+W003       a channels-redis host of ``CHANNEL_LAYERS`` times reads out before twice the layer's
+           blocking pop (redis-py 8: 5 s unless ``socket_timeout`` is set): idle sockets close, 1011
 =========  ==================================================================
 """
 
@@ -133,3 +136,41 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
                 )
             )
     return errors
+
+
+@register(Tags.compatibility)
+def check_channel_layers(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    """W003: a channels-redis layer waits for messages with a blocking pop of ``brpop_timeout``
+    seconds; a Redis client whose socket read times out first raises TimeoutError in the consumer of
+    every socket that has been idle that long. Twice the pop leaves room for a slow network or loop."""
+    try:
+        from channels_redis.core import RedisChannelLayer
+    except ImportError:
+        return []
+    warnings = []
+    for alias, layer in (getattr(settings, "CHANNEL_LAYERS", None) or {}).items():
+        try:
+            backend = import_string(layer["BACKEND"])
+            if not (isinstance(backend, type) and issubclass(backend, RedisChannelLayer)):
+                continue
+            instance = backend(**layer.get("CONFIG", {}))
+            # The timeout a connection of each host really gets: from its options, its URL's query
+            # or the installed redis-py's default. No connection is opened.
+            pools = [instance.create_pool(index) for index in range(instance.ring_size)]
+            timeouts = [pool.make_connection().socket_timeout for pool in pools]
+        except Exception:  # a layer channels cannot build either: channels reports it when used
+            continue
+        pop = instance.brpop_timeout
+        short = [t for t in timeouts if t is not None and t < 2 * pop]
+        if short:
+            warnings.append(
+                Warning(
+                    f"CHANNEL_LAYERS['{alias}'] reads from Redis with a {min(short):g} s socket timeout, "
+                    f"shorter than twice the layer's {pop:g} s blocking pop: every websocket idle for "
+                    f"{min(short):g} s is closed with 1011",
+                    hint="Give each host a longer read timeout, e.g. "
+                    '"hosts": [{"address": REDIS_URL, "socket_timeout": 30}].',
+                    id="chamvi_runs.W003",
+                )
+            )
+    return warnings

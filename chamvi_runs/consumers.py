@@ -1,35 +1,97 @@
 """Websocket consumers (SPEC §8): one run, or every run of a thread.
 
-Authorization happens in ``connect()``: a user the policy does not let view the run is accepted and
-closed at once with 4403, before any group is joined. Events replay from the buffer after
-``?after=<seq>`` (a settled run whose buffer expired is replayed from its stored steps), then arrive
-live from the group; a per-run ``seq`` drops what was already sent. Client messages (``input``,
-``cancel``, ``approve``, ``deny``) are checked against the same policy as the HTTP API and answered
-with an ``ack`` or an ``error``; a malformed message is an error reply, never a disconnect.
+Authorization happens in ``connect()``: a user who may not watch is accepted and closed at once with
+4403, before any group is joined. A ``?after=`` that is not a seq in ASCII digits gets an
+``invalid_after`` error and a close with 4400. Events replay from the buffer after ``?after=<seq>``,
+then arrive live from the group. A thread socket replays the latest ``THREAD_REPLAY_RUNS`` runs of
+its thread; older runs send live events only.
+
+Delivery: the channel layer is at most once (channels-redis silently drops a group message for a web
+process whose sockets are over the layer's capacity) and the contract is exactly once. Every event is
+in the replay buffer before it is sent to the layer, and carries its run's ``seq``, so a socket
+repairs what the layer lost: a live event after a gap makes it send the missing events from the
+buffer first (``gap``), and a stream that stays quiet while its run is active makes it read the
+buffer's tail (``late``: the lost event may be the last one, ``run.end``): after ``QUIET_SECONDS``,
+then less and less often, every ``QUIET_MAX_SECONDS`` at the least (``QUIET_WAITING_SECONDS`` while
+every run it follows waits for approval). A socket sends each run's events in seq order and skips
+what it has already sent. Every repair is logged (a warning) and counted: ``DROPS`` in this
+process, and the hash ``chamvi:stream:drops`` in the queue's Redis for every web process
+(``redis-cli HGETALL chamvi:stream:drops``): ``gap`` and ``late`` count events sent from the buffer,
+``rebuilt`` the times the buffer no longer held them and the run was rebuilt from its stored steps
+(``replay.py``), ``unrepaired`` events that were neither.
+
+Client messages (``input``, ``cancel``, ``approve``, ``deny``) are checked against the same policy as
+the HTTP API and answered with an ``ack`` or an ``error``; a malformed message (not JSON, nested
+deeper than ``MAX_DEPTH``) is an error reply, never a disconnect.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import re
+from collections import Counter
 from typing import Any
 from urllib.parse import parse_qs
 
-from channels.db import database_sync_to_async
+from channels.db import DatabaseSyncToAsync, database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.contrib.auth.models import AnonymousUser
 
 from . import api
 from .broadcast import run_group, thread_group
+from .buffer import MARKER
+from .conf import conf
 from .errors import ChamviError, InvalidPayload, RunNotFound
-from .models import Run, WaitPoint
+from .models import Run, Thread, WaitPoint
 from .policy import policy
-from .replay import replay_after
+from .replay import buffered_after, replay_after
+
+logger = logging.getLogger(__name__)
 
 FORBIDDEN = 4403
+BAD_REQUEST = 4400
 COMMANDS = ("input", "cancel", "approve", "deny")
+MAX_DEPTH = 64
+THREAD_REPLAY_RUNS = 50
+QUIET_SECONDS = 1.0
+QUIET_MAX_SECONDS = 4.0
+QUIET_WAITING_SECONDS = 30.0
+DROPS_KEY = "chamvi:stream:drops"
+DROPS: Counter[str] = Counter()
+_SEQ = re.compile(r"[0-9]{1,18}")
 
 
 def _error(code: str, message: str) -> dict[str, Any]:
     return {"type": "error", "code": code, "message": message}
+
+
+def _in_thread(fn: Any) -> Any:
+    # Off the thread that serves every ``database_sync_to_async`` call of the process (sessions,
+    # authorization): a socket repairing its stream must not hold up the others.
+    return DatabaseSyncToAsync(fn, thread_sensitive=False)
+
+
+def _missed(run_id: str, after: int) -> list[dict[str, Any]]:
+    """The run's events after ``after`` for a stream that lost some: from the buffer, without the
+    database, unless the buffer no longer holds them all."""
+    events = buffered_after(run_id, after)
+    return replay_after(run_id, after) if events is None else events
+
+
+async def _count(kind: str, count: int) -> None:
+    DROPS[kind] += count
+    if conf.EXECUTOR == "rq":
+        await _in_thread(_count_in_redis)(kind, count)
+
+
+def _count_in_redis(kind: str, count: int) -> None:
+    import django_rq
+
+    try:
+        django_rq.get_connection(conf.QUEUE).hincrby(DROPS_KEY, kind, count)
+    except Exception:  # the counter is for operators; failing to count must not end a stream
+        logger.warning("could not count %d %s events in %s", count, kind, DROPS_KEY, exc_info=True)
 
 
 class RunConsumer(AsyncJsonWebsocketConsumer):
@@ -38,20 +100,14 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
         await self.accept()
         self.allowed = False
-        self.last_seq: dict[str, int] = {}
         self.run_id: str = self.scope["url_route"]["kwargs"]["run_id"]
         if not await database_sync_to_async(self._can_view)(self.run_id):
             await self.close(code=FORBIDDEN)
             return
-        after = _after(self.scope)
-        # Nothing at or before ``after`` is sent, not even live, should the run not have reached it.
-        self.last_seq[self.run_id] = after
-        # Join first, then replay: an event published in between arrives twice and is dropped by seq.
-        await self.channel_layer.group_add(run_group(self.run_id), self.channel_name)
-        self.groups = [run_group(self.run_id)]
-        self.allowed = True
-        for event in await database_sync_to_async(replay_after)(self.run_id, after):
-            await self._send_event(event)
+        after = await self._after()
+        if after is None:
+            return
+        await self._open(run_group(self.run_id), {self.run_id: after})
 
     @property
     def user(self) -> Any:
@@ -61,16 +117,122 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         run = Run.objects.filter(pk=run_id).first()
         return run is not None and bool(policy().can_view(self.user, run))
 
-    async def _send_event(self, event: dict[str, Any]) -> None:
+    async def _after(self) -> int | None:
+        """The seq to replay after (0 when the query names none), or None for a query whose ``after``
+        is not a seq: the client is told, and the socket closed."""
+        values = parse_qs(self.scope.get("query_string", b"").decode("latin-1")).get("after", ["0"])
+        if _SEQ.fullmatch(values[0]):
+            return int(values[0])
+        await self.send_json(_error("invalid_after", "after must be a seq: a number in ASCII digits"))
+        await self.close(code=BAD_REQUEST)
+        return None
+
+    async def _open(self, group: str, after: dict[str, int]) -> None:
+        """Join ``group``, replay the runs of ``after`` (run id -> seq), then watch for lost events."""
+        # Nothing at or before ``after`` is sent, not even live, should a run not have reached it.
+        self.last_seq: dict[str, int] = dict(after)
+        self.active: set[str] = set(after)  # runs whose run.end this socket has not sent
+        self.waiting: set[str] = set()  # runs whose last event this socket sent is run.waiting
+        self.lock = asyncio.Lock()
+        # Join first, then replay: an event published in between arrives twice and is skipped by seq.
+        await self.channel_layer.group_add(group, self.channel_name)
+        self.groups = [group]
+        self.allowed = True
+        for run_id in after:
+            for event in await _in_thread(replay_after)(run_id, self.last_seq[run_id]):
+                await self._send_event(event)
+        self.quiet = QUIET_SECONDS
+        self.heard = asyncio.get_running_loop().time()
+        self.watchdog = asyncio.ensure_future(self._watch())
+
+    async def disconnect(self, code: int) -> None:
+        watchdog = getattr(self, "watchdog", None)
+        if watchdog is not None:
+            watchdog.cancel()
+
+    # --- delivery -----------------------------------------------------------------------------
+
+    async def _send_event(self, event: dict[str, Any]) -> bool:
+        """Send ``event`` unless this socket has sent its seq (or a later one) of its run."""
         run_id = event.get("run_id", "")
         seq = event.get("seq")
         if not isinstance(seq, int) or seq <= self.last_seq.get(run_id, 0):
-            return
+            return False
         self.last_seq[run_id] = seq
+        if event.get("type") == "run.end":
+            self.active.discard(run_id)
+        if event.get("type") == "run.waiting":
+            self.waiting.add(run_id)
+        else:
+            self.waiting.discard(run_id)
         await self.send_json(event)
+        return True
 
     async def chamvi_event(self, message: dict[str, Any]) -> None:
-        await self._send_event(message["event"])
+        await self._deliver(message["event"])
+
+    async def _deliver(self, event: dict[str, Any]) -> None:
+        """A live event: first what the layer lost before it, if anything."""
+        run_id, seq = event.get("run_id", ""), event.get("seq")
+        async with self.lock:
+            self.heard, self.quiet = asyncio.get_running_loop().time(), QUIET_SECONDS
+            if isinstance(seq, int) and seq > self.last_seq.get(run_id, 0) + 1:
+                try:
+                    await self._repair(run_id, before=seq)
+                except Exception:
+                    # Sending it now would leave the gap for good: the next live event or the quiet
+                    # check fills the gap and sends this one from the buffer.
+                    logger.warning("run %s: could not fill a gap before seq %d", run_id, seq, exc_info=True)
+                    return
+            await self._send_event(event)
+
+    async def _repair(self, run_id: str, before: int | None = None) -> int:
+        """Send the run's buffered events this socket has not sent: those before ``before`` were
+        lost by the layer (a gap); without ``before``, those the layer did not deliver in time.
+        Returns how many events it sent."""
+        last = self.last_seq.get(run_id, 0)
+        events = await _in_thread(_missed)(run_id, last)
+        rebuilt = any(e.get("type") == MARKER for e in events)
+        if before is not None and not rebuilt:
+            # Only the gap: an event after it that the layer also loses is counted at the next gap.
+            events = [e for e in events if e["seq"] < before]
+        sent = [e for e in events if await self._send_event(e)]
+        if rebuilt:
+            # The buffer no longer held them: the run was rebuilt from its steps (replay.py), and
+            # the client told so by the marker.
+            counts = {"rebuilt": 1}
+        else:
+            unrepaired = before - last - 1 - len(sent) if before is not None else 0
+            counts = {"gap" if before else "late": len(sent), "unrepaired": unrepaired}
+        counts = {kind: count for kind, count in counts.items() if count > 0}
+        for kind, count in counts.items():
+            await _count(kind, count)
+        if counts:
+            logger.warning(
+                "run %s: the channel layer did not deliver events after seq %d: %s", run_id, last, counts
+            )
+        return len(sent)
+
+    async def _watch(self) -> None:
+        """Read the buffer's tail of active runs whenever the stream has been quiet for a while: less
+        and less often while nothing turns up."""
+        loop = asyncio.get_running_loop()
+        while True:
+            wait = self.heard + self.quiet - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                continue
+            async with self.lock:
+                found = 0
+                try:
+                    for run_id in sorted(self.active):
+                        found += await self._repair(run_id)
+                except Exception:  # a Redis or database hiccup: try again at the next quiet time
+                    logger.warning("could not read the replay buffer", exc_info=True)
+                self.heard = loop.time()
+                # A run that is not waiting may go on at any moment, and its events may all be lost.
+                ceiling = QUIET_WAITING_SECONDS if self.active <= self.waiting else QUIET_MAX_SECONDS
+                self.quiet = QUIET_SECONDS if found else min(self.quiet * 2, ceiling)
 
     # --- client -> server ---------------------------------------------------------------------
 
@@ -84,6 +246,9 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             return
         try:
             content = await self.decode_json(text_data)
+        except RecursionError:
+            await self.send_json(_error("invalid_message", f"nest the message at most {MAX_DEPTH} deep"))
+            return
         except ValueError:
             await self.send_json(_error("invalid_message", "the message is not JSON"))
             return
@@ -93,10 +258,16 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         if not isinstance(content, dict):
             await self.send_json(_error("invalid_message", "send a JSON object"))
             return
+        if _deeper_than(content, MAX_DEPTH):
+            await self.send_json(_error("invalid_message", f"nest the message at most {MAX_DEPTH} deep"))
+            return
         try:
             reply = await database_sync_to_async(self._command)(content)
         except ChamviError as exc:
             reply = _error(_code(exc), str(exc))
+        except Exception:  # a client message never ends the socket; the cause is logged for the site
+            logger.exception("websocket command failed")
+            reply = _error("internal_error", "the command failed")
         await self.send_json(reply)
 
     def _command(self, content: dict[str, Any]) -> dict[str, Any]:
@@ -105,7 +276,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             return _error("invalid_message", f"unknown type {kind!r}; one of {', '.join(COMMANDS)}")
         if kind in ("approve", "deny"):
             approval_id = content.get("approval_id")
-            if not isinstance(approval_id, str) or not approval_id:
+            if not _is_id(approval_id):
                 return _error("invalid_message", f"{kind} needs an approval_id")
             waitpoint = WaitPoint.objects.filter(approval_id=approval_id).select_related("run").first()
             # The decision is checked against the run the approval belongs to, which must be one of
@@ -115,17 +286,21 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
                 return _error("not_found", f"no approval {approval_id}")
             if not policy().can_decide(user, run):
                 return _error("forbidden", "you may not decide this approval")
-            reason = content.get("reason") or ""
+            reason = str(content.get("reason") or "")
+            if "\x00" in reason:
+                return _error("invalid_message", "the reason contains a NUL character")
             decide = api.approve if kind == "approve" else api.deny
-            waitpoint = decide(approval_id, by=user, reason=str(reason))
+            waitpoint = decide(approval_id, by=user, reason=reason)
             return {"type": "ack", "action": kind, "approval_id": waitpoint.approval_id}
         run = self._target(content)
         if run is None or not policy().can_view(user, run):
             return _error("not_found", "no such run")
+        if kind == "cancel":
+            if not policy().can_cancel(user, run):
+                return _error("forbidden", "you may not cancel this run")
+            return {"type": "ack", "action": "cancel", "status": api.cancel_run(run.pk)}
         if not policy().can_steer(user, run):
             return _error("forbidden", "you may not steer this run")
-        if kind == "cancel":
-            return {"type": "ack", "action": "cancel", "status": api.cancel_run(run.pk)}
         item = api.send_input(run.pk, content.get("payload"))
         return {"type": "ack", "action": "input", "input_id": item.pk}
 
@@ -142,45 +317,54 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
 class ThreadConsumer(RunConsumer):
     """``ws/chamvi/threads/<thread>/``: the events of every run of a thread the user may view.
 
-    The user must be able to view at least one run of the thread. Runs they may not view (a thread
-    is only a name: anyone may start a run in it) are neither replayed nor forwarded live."""
+    Open to the thread's owner (also before its first run), to any authenticated user while the
+    thread has no owner record yet, and otherwise to whom ``policy().can_view_thread`` allows. Runs
+    the user may not view are neither replayed nor forwarded live."""
 
     async def connect(self) -> None:
         await self.accept()
         self.allowed = False
-        self.last_seq = {}
         self.thread: str = self.scope["url_route"]["kwargs"]["thread"]
-        self.visible: dict[str, bool] = await database_sync_to_async(self._visibility)()
-        if not any(self.visible.values()):
+        # PostgreSQL cannot compare a NUL character, and no thread has one in its name.
+        if "\x00" in self.thread or not await database_sync_to_async(self._may_watch)():
             await self.close(code=FORBIDDEN)
             return
-        after = _after(self.scope)
-        await self.channel_layer.group_add(thread_group(self.thread), self.channel_name)
-        self.groups = [thread_group(self.thread)]
-        self.allowed = True
-        for run_id, visible in self.visible.items():
-            if visible:
-                self.last_seq[run_id] = after
-                for event in await database_sync_to_async(replay_after)(run_id, after):
-                    await self._send_event(event)
+        after = await self._after()
+        if after is None:
+            return
+        self.visible: dict[str, bool] = await database_sync_to_async(self._visibility)()
+        runs = {run_id: after for run_id, visible in self.visible.items() if visible}
+        await self._open(thread_group(self.thread), runs)
+
+    def _may_watch(self) -> bool:
+        user = self.user
+        if not user.is_authenticated:
+            return False
+        thread = Thread.objects.filter(name=self.thread).first()
+        if thread is None or (thread.owner_id is not None and thread.owner_id == user.pk):
+            return True
+        return bool(policy().can_view_thread(user, thread))
 
     def _visibility(self) -> dict[str, bool]:
-        runs = Run.objects.filter(thread=self.thread).order_by("created_at", "id")
-        return {run.pk: bool(policy().can_view(self.user, run)) for run in runs}
+        """The latest ``THREAD_REPLAY_RUNS`` runs of the thread, oldest first: may the user view each?"""
+        runs = Run.objects.filter(thread=self.thread).order_by("-created_at", "-id")[:THREAD_REPLAY_RUNS]
+        return {run.pk: bool(policy().can_view(self.user, run)) for run in reversed(runs)}
 
     async def chamvi_event(self, message: dict[str, Any]) -> None:
         event = message["event"]
         run_id = event.get("run_id", "")
         if run_id not in self.visible:
-            # A run started in the thread after this socket connected.
+            # A run started in the thread after this socket connected, or one older than the replay.
             self.visible[run_id] = await database_sync_to_async(self._can_view)(run_id)
+            if self.visible[run_id]:
+                self.active.add(run_id)
         if self.visible[run_id]:
-            await self._send_event(event)
+            await self._deliver(event)
 
     def _target(self, content: dict[str, Any]) -> Run | None:
         """A steering message on a thread socket names its run, which must be of this thread."""
         run_id = content.get("run_id")
-        if not isinstance(run_id, str):
+        if not _is_id(run_id):
             return None
         return Run.objects.filter(pk=run_id, thread=self.thread).first()
 
@@ -199,9 +383,20 @@ def _code(exc: ChamviError) -> str:
     return "refused"
 
 
-def _after(scope: dict[str, Any]) -> int:
-    values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("after", ["0"])
-    try:
-        return max(0, int(values[0]))
-    except ValueError:
-        return 0
+def _is_id(value: Any) -> bool:
+    """A run or approval id as a client may send it: PostgreSQL refuses NUL characters in queries."""
+    return isinstance(value, str) and 0 < len(value) <= 200 and "\x00" not in value
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether lists and objects nest deeper than ``limit`` (iteratively: no recursion to exhaust)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False

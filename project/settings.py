@@ -120,7 +120,19 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDIS_URL = os.environ.get("REDIS_URL", "")
 if REDIS_URL:
     CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {
+                # The layer waits for messages with a 5 s blocking pop, and redis-py 8 times every read
+                # out after 5 s by default: an idle socket's read would fail first (TimeoutError, the
+                # socket closes with 1011). A longer read timeout lets the pop end first and still
+                # notices a Redis that stopped answering (system check chamvi_runs.W003).
+                "hosts": [{"address": REDIS_URL, "socket_timeout": 30}],
+                # All sockets of one web process share one Redis queue of this many messages; what
+                # goes beyond is dropped (and repaired by the consumers from the replay buffer).
+                "capacity": 1000,
+            },
+        }
     }
     RQ_QUEUES = {
         "chamvi": {"URL": REDIS_URL, "DEFAULT_TIMEOUT": -1, "SERIALIZER": "rq.serializers.JSONSerializer"}

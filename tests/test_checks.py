@@ -10,7 +10,7 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
 from chamvi_runs import checks
-from chamvi_runs.checks import check_settings
+from chamvi_runs.checks import check_channel_layers, check_settings
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -61,7 +61,7 @@ def test_each_check_id_names_its_key(settings, id_, overrides, prefix):
 
 def test_every_documented_id_has_a_case():
     documented = set(re.findall(r"^([EW]\d{3})\s", checks.__doc__, flags=re.MULTILINE))
-    assert documented == {c[0] for c in CASES} | {"E001", "W002"}
+    assert documented == {c[0] for c in CASES} | {"E001", "W002", "W003"}
 
 
 def test_e001_not_a_dict(settings):
@@ -182,3 +182,57 @@ def test_manage_py_check_fails_for_a_wrong_executor(settings):
         call_command("check")
     assert "chamvi_runs.E003" in str(info.value)
     assert "CHAMVI_RUNS['EXECUTOR']" in str(info.value)
+
+
+def _redis_layer(*hosts) -> dict:
+    return {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": list(hosts)}}}
+
+
+def test_the_bundled_channel_layer_outlives_the_blocking_pop():
+    # The project's CHANNEL_LAYERS (REDIS_URL is set for the tests): no warning.
+    assert check_channel_layers() == []
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "redis://127.0.0.1:6379/12",  # redis-py 8's default read timeout: 5 s
+        ("127.0.0.1", 6379),
+        {"address": "redis://127.0.0.1:6379/12", "socket_timeout": 5},
+        "redis://127.0.0.1:6379/12?socket_timeout=8",
+    ],
+    ids=["url", "tuple", "dict-5s", "url-query-8s"],
+)
+def test_w003_a_layer_whose_reads_time_out_before_the_pop_is_warned(settings, host):
+    settings.CHANNEL_LAYERS = _redis_layer(host)
+    [warning] = check_channel_layers()
+    assert type(warning) is CheckWarning and warning.id == "chamvi_runs.W003"
+    assert warning.msg.startswith("CHANNEL_LAYERS['default']") and "1011" in warning.msg
+    assert "socket_timeout" in warning.hint
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        {"address": "redis://127.0.0.1:6379/12", "socket_timeout": 30},
+        {"address": "redis://127.0.0.1:6379/12", "socket_timeout": None},
+        "redis://127.0.0.1:6379/12?socket_timeout=10",
+    ],
+)
+def test_w003_long_or_no_read_timeouts_are_fine(settings, host):
+    settings.CHANNEL_LAYERS = _redis_layer(host)
+    assert check_channel_layers() == []
+
+
+def test_w003_other_layers_are_not_checked(settings):
+    settings.CHANNEL_LAYERS = {
+        "default": {"BACKEND": "channels.layers.InMemoryChannelLayer"},
+        "broken": {"BACKEND": "no.such.Layer"},
+    }
+    assert check_channel_layers() == []
+
+
+def test_w003_is_reported_by_manage_py_check(settings, capsys):
+    settings.CHANNEL_LAYERS = _redis_layer("redis://127.0.0.1:6379/12")
+    call_command("check")  # a warning does not fail the command
+    assert "chamvi_runs.W003" in capsys.readouterr().err
