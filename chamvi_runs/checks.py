@@ -20,6 +20,7 @@ E013       ``MODEL`` cannot be imported
 E014       ``MODEL_BACKOFF_SECONDS`` is not a positive number
 E015       ``MAX_INVALID_TOOL_CALLS`` is not a positive int
 E016       ``HEARTBEAT_SECONDS`` is more than half of ``LEASE_SECONDS``
+E017       ``MAX_ATTEMPTS`` is not a positive int
 W001       an unknown key in ``CHAMVI_RUNS`` (a typo?)
 W002       ``RQ['WORKER_CLASS']`` is not ``chamvi_runs.worker.Worker`` (``rq`` executor)
 W003       a channels-redis host of ``CHANNEL_LAYERS`` times reads out before twice the layer's
@@ -116,9 +117,10 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
     limit = value["MAX_PAYLOAD_BYTES"]
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         errors.append(_error("MAX_PAYLOAD_BYTES", "must be a positive int", "E011"))
-    invalid = value["MAX_INVALID_TOOL_CALLS"]
-    if not isinstance(invalid, int) or isinstance(invalid, bool) or invalid < 1:
-        errors.append(_error("MAX_INVALID_TOOL_CALLS", "must be a positive int", "E015"))
+    for key, id_ in (("MAX_INVALID_TOOL_CALLS", "E015"), ("MAX_ATTEMPTS", "E017")):
+        count = value[key]
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            errors.append(_error(key, f"must be a positive int, not {count!r}", id_))
     if value["EXECUTOR"] == "rq" and isinstance(value["QUEUE"], str):
         queues = getattr(settings, "RQ_QUEUES", None)
         if not isinstance(queues, dict) or value["QUEUE"] not in queues:
