@@ -203,6 +203,8 @@ def test_a_concurrency_key_admits_one_run_at_a_time_in_creation_order_across_wor
 def test_cancel_racing_completion_ends_in_one_status_that_the_final_event_tells(model, pool, record):
     model.pause = 0.1
     pool.ensure(2)
+    # Workers that are still starting would leave every cancel landing on a queued run.
+    wait_for(lambda: all(w.ready() for w in pool.alive()), 30, "the workers to listen")
     runs = start_tagged(10 * SCALE)
     started = time.monotonic()
     # Each run is cancelled at its own random moment: before, during or after its execution.
