@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections import Counter
 from typing import Any
 from urllib.parse import parse_qs
@@ -42,6 +41,7 @@ from . import api
 from .broadcast import run_group, thread_group
 from .buffer import MARKER
 from .conf import conf
+from .core.numbers import ascii_int
 from .errors import ChamviError, InvalidPayload, RunNotFound
 from .models import Run, Thread, WaitPoint
 from .policy import policy
@@ -59,7 +59,6 @@ QUIET_MAX_SECONDS = 4.0
 QUIET_WAITING_SECONDS = 30.0
 DROPS_KEY = "chamvi:stream:drops"
 DROPS: Counter[str] = Counter()
-_SEQ = re.compile(r"[0-9]{1,18}")
 
 
 def _error(code: str, message: str) -> dict[str, Any]:
@@ -121,8 +120,9 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         """The seq to replay after (0 when the query names none), or None for a query whose ``after``
         is not a seq: the client is told, and the socket closed."""
         values = parse_qs(self.scope.get("query_string", b"").decode("latin-1")).get("after", ["0"])
-        if _SEQ.fullmatch(values[0]):
-            return int(values[0])
+        after = ascii_int(values[0])
+        if after is not None:
+            return after
         await self.send_json(_error("invalid_after", "after must be a seq: a number in ASCII digits"))
         await self.close(code=BAD_REQUEST)
         return None

@@ -44,7 +44,7 @@ from .lifecycle import announce_settled
 from .models import Checkpoint, Run, Step
 from .policy import policy
 from .store import Claim, StepRecord
-from .tool_phase import Settled, ToolPhase
+from .tool_phase import CLOSED_BY, Settled, ToolPhase
 from .tools import Tool
 
 logger = logging.getLogger(__name__)
@@ -52,11 +52,6 @@ logger = logging.getLogger(__name__)
 # How many settled runs of a thread are looked at, newest first, for one its creator may view.
 HISTORY_CANDIDATES = 50
 
-CLOSED_BY = {
-    "cancel": "The run was cancelled before this tool call ran.",
-    "timeout": "The run timed out before this tool call ran.",
-    "failed": "The run failed before this tool call ran.",
-}
 
 
 def worker_identity() -> str:

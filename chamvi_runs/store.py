@@ -92,6 +92,21 @@ def _held(claim: Claim) -> Q:
     return Q(pk=claim.run_id, status=Status.RUNNING, claim_owner=claim.owner, attempt=claim.attempt)
 
 
+def _update_held(
+    claim: Claim, *, unless_cancelled: bool = False, where: Q | None = None, **fields: Any
+) -> bool:
+    """The fenced update of an execution's run row. False: the claim is lost. ``unless_cancelled``
+    (every non-terminal transition): a requested cancel refuses it in the same statement and
+    raises CancelRequested, because a cancel wins over everything but a terminal settle."""
+    held = Run.objects.filter(_held(claim), where or Q())
+    target = held.filter(cancel_requested=False) if unless_cancelled else held
+    if target.update(**fields):
+        return True
+    if unless_cancelled and held.exists():
+        raise CancelRequested(claim.run_id)
+    return False
+
+
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
@@ -226,17 +241,13 @@ def renew(claim: Claim, lease_seconds: float, *, usage: Usage = NO_USAGE) -> boo
             input_tokens=F("input_tokens") + usage.input_tokens,
             output_tokens=F("output_tokens") + usage.output_tokens,
         )
-    return bool(
-        Run.objects.filter(_held(claim)).update(claim_expires_at=_in_seconds(lease_seconds), **extra)
-    )
+    return _update_held(claim, claim_expires_at=_in_seconds(lease_seconds), **extra)
 
 
 def count_model_call(claim: Claim) -> bool:
     """Count a model call before it is made: a call whose execution dies unsaved still counts
     against ``max_steps``. False: the claim is lost, and the call must not be made."""
-    return bool(
-        Run.objects.filter(_held(claim)).update(model_calls=F("model_calls") + 1)
-    )
+    return _update_held(claim, model_calls=F("model_calls") + 1)
 
 
 # --- writing an execution's progress -----------------------------------------------------------
@@ -291,17 +302,15 @@ def _record(
     """Inside a transaction: the fenced run update (usage, plus ``run_fields``), the steps, the
     checkpoint at the last step's index, and the inputs those steps took. Returns that index.
     ``unless_cancelled``: a requested cancel refuses the write (CancelRequested), atomically."""
-    held = Run.objects.filter(_held(claim))
-    updated = (held.filter(cancel_requested=False) if unless_cancelled else held).update(
+    if not _update_held(
+        claim,
+        unless_cancelled=unless_cancelled,
         input_tokens=F("input_tokens") + usage.input_tokens,
         output_tokens=F("output_tokens") + usage.output_tokens,
         stalled_executions=0,
         updated_at=Now(),
         **run_fields,
-    )
-    if not updated:
-        if unless_cancelled and held.exists():
-            raise CancelRequested(claim.run_id)
+    ):
         raise LeaseLostError(f"run {claim.run_id}: claim lost before saving steps")
     _write_steps(claim, steps)
     last = max(s.index for s in steps)
@@ -389,14 +398,15 @@ def open_wait(
 def back_to_waiting(claim: Claim) -> bool:
     """A claimed run whose checkpoint ends on an undecided approval goes back to waiting. A
     requested cancel wins (CancelRequested). False: the claim was lost."""
-    held = Run.objects.filter(_held(claim))
-    if held.filter(cancel_requested=False).update(
-        status=Status.WAITING, claim_owner=None, claim_expires_at=None, stalled_executions=0, updated_at=Now()
-    ):
-        return True
-    if held.exists():
-        raise CancelRequested(claim.run_id)
-    return False
+    return _update_held(
+        claim,
+        unless_cancelled=True,
+        status=Status.WAITING,
+        claim_owner=None,
+        claim_expires_at=None,
+        stalled_executions=0,
+        updated_at=Now(),
+    )
 
 
 def settle(
@@ -428,12 +438,8 @@ def settle(
             finished_at=Now(),
         )
         close_history = close_history or CLOSED_AT_END
-    held = Run.objects.filter(_held(claim))
     with transaction.atomic():
-        target = held if status in TERMINAL else held.filter(cancel_requested=False)
-        if not target.filter(_to(status)).update(**fields):
-            if status not in TERMINAL and held.exists():
-                raise CancelRequested(claim.run_id)
+        if not _update_held(claim, unless_cancelled=status not in TERMINAL, where=_to(status), **fields):
             return False
         if close_history is not None:
             _close_history(claim.run_id, close_history)

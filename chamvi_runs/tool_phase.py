@@ -30,6 +30,14 @@ from .tools import Tool, to_jsonable
 logger = logging.getLogger(__name__)
 
 
+# The synthetic result of an open tool call when the run stops before it.
+CLOSED_BY = {
+    "cancel": "The run was cancelled before this tool call ran.",
+    "timeout": "The run timed out before this tool call ran.",
+    "failed": "The run failed before this tool call ran.",
+}
+
+
 class Settled(Exception):
     """Internal: the execution has written its final status (or its wait)."""
 
@@ -86,6 +94,11 @@ class ToolPhase:
             except store.CancelRequested:
                 self.settle(Status.CANCELLED)
             raise Settled(Status.WAITING)
+        approved = dict(
+            WaitPoint.objects.filter(
+                run_id=self.claim.run_id, model_step=llm_index, decision=WaitPoint.Decision.APPROVED
+            ).values_list("call_position", "arguments_hash")
+        )
         messages, steps = self.answer_calls(
             agent,
             tools,
@@ -95,6 +108,7 @@ class ToolPhase:
             llm_index=llm_index,
             first_position=first_position,
             next_index=index,
+            approved=approved,
         )
         if steps:
             store.save_step(self.claim, steps, messages)
@@ -115,17 +129,15 @@ class ToolPhase:
         next_index: int | None = None,
         usage: Usage = NO_USAGE,
         inputs: Sequence[str] = (),
+        approved: dict[int, str] | None = None,
     ) -> tuple[list[Message], list[StepRecord]]:
         """Run each call in order, answering it in ``messages``. A call that needs approval stops
         here: its wait point is opened (with everything so far) and the execution ends waiting.
         A call is known by its place (``llm_index``, position), never by the provider's call id,
-        which providers reuse across turns."""
+        which providers reuse across turns. ``approved``: position -> arguments hash of the calls
+        decided approved (none for a model call just made: its wait point would be saved with it)."""
         index = next_index if next_index is not None else steps[-1].index + 1
-        approved = dict(
-            WaitPoint.objects.filter(
-                run_id=self.claim.run_id, model_step=llm_index, decision=WaitPoint.Decision.APPROVED
-            ).values_list("call_position", "arguments_hash")
-        )
+        approved = approved or {}
         for position, call in enumerate(calls, start=first_position):
             if self.abort.reason == "lease_lost":
                 # Another worker may hold the run now: run nothing more. (Cancel and drain let the
@@ -229,7 +241,7 @@ class ToolPhase:
             if steps:
                 store.save_step(self.claim, steps, messages, usage=usage, consumed_inputs=inputs)
                 signals.step_saved.send(Run, run_id=self.claim.run_id, steps=steps)
-            self.settle(Status.CANCELLED, close="The run was cancelled before this tool call ran.")
+            self.settle(Status.CANCELLED, close=CLOSED_BY["cancel"])
         signals.step_saved.send(Run, run_id=self.claim.run_id, steps=[*steps, wait])
         self.emit(
             "run.waiting",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from functools import wraps
 from typing import Any
@@ -16,6 +15,7 @@ from . import api
 from .auth import AuthError, authenticate
 from .conf import conf
 from .core.nul import has_nul
+from .core.numbers import ascii_int
 from .errors import AgentNotFound, DecisionRefused, InvalidPayload, RunNotFound, ThreadForbidden
 from .models import Run, WaitPoint
 from .policy import policy
@@ -107,14 +107,14 @@ MAX_QUERY_INT = 2**31 - 1
 def query_int(
     request: HttpRequest, name: str, *, minimum: int = 0, maximum: int = MAX_QUERY_INT
 ) -> int | None:
-    """The query parameter ``name`` as an int, None when absent. Only ASCII digits: ``int()`` also
-    reads "٣" and str.isdigit() accepts "²", which int() refuses."""
+    """The query parameter ``name`` as an int, None when absent. Only ASCII digits (core.numbers)."""
     raw = request.GET.get(name)
     if raw is None:
         return None
-    if not re.fullmatch(r"[0-9]{1,10}", raw) or not minimum <= int(raw) <= maximum:
+    value = ascii_int(raw)
+    if value is None or not minimum <= value <= maximum:
         raise ApiError(400, "invalid_field", f"'{name}' must be an integer from {minimum} to {maximum}")
-    return int(raw)
+    return value
 
 
 def _payload_error(exc: InvalidPayload) -> ApiError:

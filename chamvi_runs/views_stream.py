@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -34,6 +33,7 @@ from django.db import connections
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
 from .broadcast import publisher, run_group
+from .core.numbers import ascii_int
 from .core.states import TERMINAL
 from .models import Run
 from .replay import buffered_after, replay_after
@@ -47,7 +47,6 @@ STATUS_SECONDS = 60.0
 QUIET_SECONDS = 1.0
 QUIET_MAX_SECONDS = 30.0
 NO_LAYER_POLL_SECONDS = 0.25
-SEQ = re.compile(r"[0-9]{1,15}")
 
 T = TypeVar("T")
 
@@ -62,15 +61,16 @@ def run_stream(request: HttpRequest, run_id: str) -> HttpResponse:
 
 
 def _after(request: HttpRequest) -> int:
-    """The seq to resume after: ``?after=`` first, else ``Last-Event-ID``, else 0. Only ASCII digits:
-    ``str.isdigit()`` accepts "²", which ``int()`` refuses."""
+    """The seq to resume after: ``?after=`` first, else ``Last-Event-ID``, else 0. Only ASCII digits
+    (core.numbers)."""
     sources = (("'after'", request.GET.get("after")), ("Last-Event-ID", request.headers.get("Last-Event-ID")))
     for name, raw in sources:
         if raw:
-            if not SEQ.fullmatch(raw):
+            seq = ascii_int(raw)
+            if seq is None:
                 message = f"{name} must be a seq: a non-negative integer in ASCII digits"
                 raise ApiError(400, "invalid_field", message)
-            return int(raw)
+            return seq
     return 0
 
 

@@ -98,12 +98,13 @@ def test_sigterm_drains_to_interrupted_and_another_worker_resumes(server, spawn)
     assert list(Step.objects.filter(run=run).values_list("index", "attempt")) == [(0, 1), (1, 1), (2, 2)]
 
 
-def _other_backends() -> set[int]:
-    """PostgreSQL backends on the test database other than this test's own."""
+WORKER_APP = "chamvi-test-worker"
+
+
+def _worker_backends() -> set[int]:
+    """PostgreSQL backends opened by the worker under test (named by its application_name)."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        )
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s", [WORKER_APP])
         return {row[0] for row in cursor.fetchall()}
 
 
@@ -111,15 +112,20 @@ def test_a_worker_keeps_its_database_connection_from_run_to_run(server, spawn):
     """Web processes use CONN_MAX_AGE=0 (ASGI); a worker reconnecting for every run would pay a
     connection per run for nothing."""
     server.script("m-basic", [Reply(text("one"), finish("stop")), Reply(text("two"), finish("stop"))])
-    worker = spawn()
-    seen = []
-    for n in range(2):
-        run = start_run("basic", str(n))
-        wait_for(lambda r=run: _status(r.pk) == "completed", 30, worker.output)
-        # The lease keeper's own connection closes when its execution ends.
-        wait_for(lambda: len(_other_backends()) == 1, 10, lambda: f"backends {_other_backends()}")
-        seen.append(_other_backends())
-    assert seen[0] == seen[1]
+    env = worker_env(server.base_url)
+    env["DATABASE_URL"] += f"?application_name={WORKER_APP}"
+    worker = WorkerProcess(env)
+    try:
+        seen = []
+        for n in range(2):
+            run = start_run("basic", str(n))
+            wait_for(lambda r=run: _status(r.pk) == "completed", 30, worker.output)
+            # The lease keeper's own connection closes when its execution ends.
+            wait_for(lambda: len(_worker_backends()) == 1, 10, lambda: f"backends {_worker_backends()}")
+            seen.append(_worker_backends())
+        assert seen[0] == seen[1]
+    finally:
+        worker.stop()
 
 
 def test_sigkill_mid_stream_is_recovered_by_the_janitor(server, spawn):
