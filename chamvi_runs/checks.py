@@ -23,8 +23,14 @@ E016       ``HEARTBEAT_SECONDS`` is more than half of ``LEASE_SECONDS``
 E017       ``MAX_ATTEMPTS`` is not a positive int
 W001       an unknown key in ``CHAMVI_RUNS`` (a typo?)
 W002       ``RQ['WORKER_CLASS']`` is not ``chamvi_runs.worker.Worker`` (``rq`` executor)
+E018       ``CHANNEL_LAYERS`` has no ``default`` layer: websockets and Server-Sent Events need one
 W003       a channels-redis host of ``CHANNEL_LAYERS`` times reads out before twice the layer's
            blocking pop (redis-py 8: 5 s unless ``socket_timeout`` is set): idle sockets close, 1011
+W004       ``EXECUTOR`` is ``"thread"`` but ``ASGI_APPLICATION`` does not start the embedded executor
+           (runs would stay ``queued``)
+W005       ``LOGIN_URL`` resolves to no view: the pages send anonymous visitors to a 404
+W006       ``EXECUTOR`` is ``"rq"`` with a SQLite database: workers are other processes, and claims
+           between processes are built and tested for PostgreSQL
 =========  ==================================================================
 """
 
@@ -176,3 +182,101 @@ def check_channel_layers(app_configs: Any = None, **kwargs: Any) -> list[Warning
                 )
             )
     return warnings
+
+
+@register(Tags.compatibility)
+def check_channel_layer_exists(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """E018: without a default layer every websocket fails at connect and the page reconnects forever."""
+    layers = getattr(settings, "CHANNEL_LAYERS", None)
+    if isinstance(layers, dict) and "default" in layers:
+        return []
+    return [
+        Error(
+            "CHANNEL_LAYERS has no 'default' layer: chamvi_runs streams run events through it "
+            "(websockets and Server-Sent Events)",
+            hint='Embedded mode: CHANNEL_LAYERS = {"default": {"BACKEND": '
+            '"channels.layers.InMemoryChannelLayer"}}; with Redis: channels_redis.core.RedisChannelLayer.',
+            id="chamvi_runs.E018",
+        )
+    ]
+
+
+@register(Tags.compatibility)
+def check_executor_runs_somewhere(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    """W004 and W006: where runs execute must exist. With the ``thread`` executor that is the ASGI
+    process, which must start it; with ``rq`` it is other processes, which need PostgreSQL."""
+    executor = _executor()
+    if executor == "rq":
+        engines = {db.get("ENGINE", "") for db in settings.DATABASES.values()}
+        if any(engine.endswith("sqlite3") for engine in engines):
+            return [
+                Warning(
+                    "CHAMVI_RUNS['EXECUTOR'] is 'rq' with a SQLite database: RQ workers claim runs from "
+                    "other processes, which chamvi_runs supports on PostgreSQL",
+                    hint='Use PostgreSQL for the RQ executor, or CHAMVI_RUNS["EXECUTOR"] = "thread" '
+                    "to execute runs inside the web process (embedded mode).",
+                    id="chamvi_runs.W006",
+                )
+            ]
+        return []
+    if executor != "thread" or _asgi_starts_embedded():
+        return []
+    return [
+        Warning(
+            "CHAMVI_RUNS['EXECUTOR'] is 'thread' but settings.ASGI_APPLICATION does not start the "
+            "embedded executor: runs would stay 'queued'",
+            hint="In asgi.py: from chamvi_runs.asgi import get_asgi_application; "
+            "application = get_asgi_application() (or call chamvi_runs.executors.start_embedded()).",
+            id="chamvi_runs.W004",
+        )
+    ]
+
+
+def _executor() -> Any:
+    user = getattr(settings, "CHAMVI_RUNS", {})
+    return (user if isinstance(user, dict) else {}).get("EXECUTOR", DEFAULTS["EXECUTOR"])
+
+
+def _asgi_starts_embedded() -> bool:
+    """Import the ASGI application (without starting threads) and see whether it asked to start."""
+    from . import executors
+
+    path = getattr(settings, "ASGI_APPLICATION", None)
+    if not path:
+        return False
+    with executors.inspecting():
+        try:
+            application = import_string(path)
+        except Exception:  # an application that cannot be imported: the server reports that itself
+            return True
+    return bool(getattr(application, "starts_embedded_executor", False)) or executors.embedded_requested()
+
+
+@register(Tags.urls)
+def check_login_url(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    """W005: the pages are ``login_required``; Django's default ``/accounts/login/`` is a 404 in a new
+    site that has only the admin's login."""
+    from django.shortcuts import resolve_url
+    from django.urls import NoReverseMatch, Resolver404, get_script_prefix, resolve
+
+    try:
+        url = str(resolve_url(settings.LOGIN_URL))
+    except NoReverseMatch:
+        pass  # a URL name no pattern has
+    else:
+        if "://" in url or url.startswith("//") or not url.startswith("/"):
+            return []  # another host, or a relative URL: nothing this site can check
+        path, prefix = url.split("?", 1)[0], get_script_prefix()
+        try:
+            resolve(path[len(prefix) - 1 :] if path.startswith(prefix) else path)
+            return []
+        except Resolver404:
+            pass
+    return [
+        Warning(
+            f"settings.LOGIN_URL ({settings.LOGIN_URL!r}) resolves to no view: the chamvi_runs pages "
+            "redirect anonymous visitors there",
+            hint='Point it at your login view, e.g. LOGIN_URL = "admin:login".',
+            id="chamvi_runs.W005",
+        )
+    ]

@@ -8,6 +8,8 @@ import logging
 import queue
 import secrets
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from django.db import close_old_connections, connection, transaction
@@ -30,6 +32,7 @@ def enqueue(run_id: str) -> None:
 def _enqueue_now(run_id: str) -> None:
     crash_point("before_enqueue")
     if conf.EXECUTOR == "thread":
+        start_armed_embedded()
         thread_executor().submit(run_id)
         return
     rq_queue(conf.QUEUE).enqueue(
@@ -131,11 +134,52 @@ def thread_executor() -> ThreadExecutor:
         return _executor
 
 
+class _Embedded:
+    """Whether this process executes runs in embedded mode, and whether its threads run yet.
+
+    A system check imports the site's ASGI application to see whether it starts the executor
+    (chamvi_runs.W004). That import must not start threads in ``manage.py migrate``: while a check
+    inspects, ``start_embedded()`` only arms the start, and the threads start on first use (a
+    websocket connection or an enqueued run), in the server process that imported the same module.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.requested = False
+        self.started = False
+        self.inspecting = False
+
+
+_embedded = _Embedded()
+
+
+@contextmanager
+def inspecting() -> Iterator[None]:
+    """While the block runs, ``start_embedded()`` records the request and starts nothing."""
+    with _embedded.lock:
+        _embedded.inspecting = True
+    try:
+        yield
+    finally:
+        with _embedded.lock:
+            _embedded.inspecting = False
+
+
+def embedded_requested() -> bool:
+    return _embedded.requested
+
+
 def start_embedded(interval: float = 2.0) -> None:
     """Embedded mode (``EXECUTOR = "thread"``): start the executor threads and a janitor thread in
-    this process, so a single daphne process serves, executes and recovers. No-op with RQ."""
+    this process, so a single daphne process serves, executes and recovers. Idempotent; no-op with RQ.
+    ``chamvi_runs.asgi.get_asgi_application()`` calls it for you."""
     if conf.EXECUTOR != "thread":
         return
+    with _embedded.lock:
+        _embedded.requested = True
+        if _embedded.started or _embedded.inspecting:
+            return
+        _embedded.started = True
     thread_executor()
 
     def loop() -> None:
@@ -153,3 +197,9 @@ def start_embedded(interval: float = 2.0) -> None:
             time.sleep(interval)
 
     threading.Thread(target=loop, name="chamvi-janitor", daemon=True).start()
+
+
+def start_armed_embedded() -> None:
+    """Start what ``start_embedded()`` armed during a check's import; on first use of the process."""
+    if _embedded.requested and not _embedded.started:
+        start_embedded()

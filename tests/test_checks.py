@@ -10,7 +10,13 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
 from chamvi_runs import checks
-from chamvi_runs.checks import check_channel_layers, check_settings
+from chamvi_runs.checks import (
+    check_channel_layer_exists,
+    check_channel_layers,
+    check_executor_runs_somewhere,
+    check_login_url,
+    check_settings,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -62,7 +68,7 @@ def test_each_check_id_names_its_key(settings, id_, overrides, prefix):
 
 def test_every_documented_id_has_a_case():
     documented = set(re.findall(r"^([EW]\d{3})\s", checks.__doc__, flags=re.MULTILINE))
-    assert documented == {c[0] for c in CASES} | {"E001", "W002", "W003"}
+    assert documented == {c[0] for c in CASES} | {"E001", "W002", "W003", "E018", "W004", "W005", "W006"}
 
 
 def test_e001_not_a_dict(settings):
@@ -237,3 +243,89 @@ def test_w003_is_reported_by_manage_py_check(settings, capsys):
     settings.CHANNEL_LAYERS = _redis_layer("redis://127.0.0.1:6379/12")
     call_command("check")  # a warning does not fail the command
     assert "chamvi_runs.W003" in capsys.readouterr().err
+
+
+def _site_messages() -> list:
+    return check_channel_layer_exists() + check_executor_runs_somewhere() + check_login_url()
+
+
+def test_test_settings_produce_no_site_messages():
+    assert _site_messages() == []
+
+
+@pytest.mark.parametrize("layers", [None, {}, {"other": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}])
+def test_e018_no_default_channel_layer(settings, layers):
+    # Without it every websocket crashed at connect ('NoneType' has no attribute 'group_add') and
+    # the run page reconnected every second.
+    if layers is None:
+        del settings.CHANNEL_LAYERS
+    else:
+        settings.CHANNEL_LAYERS = layers
+    found = _with_id(check_channel_layer_exists(), "E018")
+    assert len(found) == 1 and type(found[0]) is Error
+    assert "CHANNEL_LAYERS" in found[0].msg and "InMemoryChannelLayer" in found[0].hint
+
+
+@pytest.fixture
+def embedded_not_requested(monkeypatch):
+    """The process-wide record of start_embedded() calls, as in a process that never made one."""
+    from chamvi_runs import executors
+
+    monkeypatch.setattr(executors._embedded, "requested", False)
+    monkeypatch.setattr(executors._embedded, "started", False)
+
+
+def test_w004_thread_executor_that_nothing_starts(settings, embedded_not_requested):
+    _override(settings, EXECUTOR="thread")
+    settings.ASGI_APPLICATION = "tests.testapp.asgi_without_executor.application"
+    found = _with_id(check_executor_runs_somewhere(), "W004")
+    assert len(found) == 1 and type(found[0]) is CheckWarning
+    assert "queued" in found[0].msg and "get_asgi_application" in found[0].hint
+    del settings.ASGI_APPLICATION
+    assert len(_with_id(check_executor_runs_somewhere(), "W004")) == 1
+
+
+def test_w004_quiet_for_an_application_that_starts_it_and_the_check_starts_no_thread(
+    settings, embedded_not_requested
+):
+    import threading
+
+    from chamvi_runs import executors
+
+    _override(settings, EXECUTOR="thread")
+    before = {t.name for t in threading.enumerate()}
+    for path in ("project.asgi.application", "tests.testapp.asgi_with_start_embedded.application"):
+        settings.ASGI_APPLICATION = path
+        assert check_executor_runs_somewhere() == [], path
+    # manage.py migrate runs the checks: importing the application there must execute nothing.
+    assert not executors._embedded.started
+    assert {t.name for t in threading.enumerate()} - before == set()
+
+
+def test_w004_not_for_the_rq_executor(settings, embedded_not_requested):
+    settings.ASGI_APPLICATION = "tests.testapp.asgi_without_executor.application"
+    assert check_executor_runs_somewhere() == []
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_w006_rq_executor_on_sqlite(settings):
+    sqlite = {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}
+    settings.DATABASES = {**settings.DATABASES, "other": sqlite}
+    found = _with_id(check_executor_runs_somewhere(), "W006")
+    assert len(found) == 1 and "PostgreSQL" in found[0].msg
+    _override(settings, EXECUTOR="thread")
+    settings.ASGI_APPLICATION = "project.asgi.application"
+    assert _with_id(check_executor_runs_somewhere(), "W006") == []
+
+
+@pytest.mark.parametrize("login_url", ["/accounts/login/", "accounts:login", "/chamvi/nowhere/"])
+def test_w005_login_url_that_resolves_nowhere(settings, login_url):
+    settings.LOGIN_URL = login_url
+    found = _with_id(check_login_url(), "W005")
+    assert len(found) == 1 and login_url in found[0].msg, check_login_url()
+
+
+@pytest.mark.parametrize("login_url", ["/admin/login/", "admin:login", "https://sso.example.com/login"])
+def test_w005_quiet_for_a_login_url_that_resolves(settings, login_url):
+    settings.LOGIN_URL = login_url
+    assert check_login_url() == []
