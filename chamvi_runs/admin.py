@@ -81,12 +81,16 @@ class RunAdmin(ReadOnly, admin.ModelAdmin):
     inlines = [StepInline, WaitPointInline]
     actions = ["cancel_runs", "approve_open", "deny_open"]
 
+    def view_on_site(self, obj: Run) -> str:
+        """The run's chat page: its conversation, decisions and live events."""
+        return obj.get_absolute_url()
+
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("chamvi_runs.cancel_run")
 
     @admin.action(description="Cancel selected runs", permissions=["cancel"])
     def cancel_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
-        statuses = [api.cancel_run(run.pk) for run in queryset]
+        statuses = [api.cancel_run(run.pk, by=request.user) for run in queryset]
         self.message_user(request, f"Cancel requested for {len(statuses)} run(s).", messages.SUCCESS)
 
     @admin.action(description="Approve the open approval of selected runs", permissions=["approve"])
@@ -107,6 +111,9 @@ class WaitPointAdmin(ReadOnly, admin.ModelAdmin):
     list_filter = ["decision", "tool_name"]
     actions = ["approve", "deny"]
     exclude = ["token_hash"]
+
+    def view_on_site(self, obj: WaitPoint) -> str:
+        return obj.run.get_absolute_url()
 
     def has_approve_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("chamvi_runs.approve_waitpoint")

@@ -108,13 +108,14 @@ def start_run(
     return run
 
 
-def cancel_run(run_id: str) -> str:
+def cancel_run(run_id: str, *, by: Any = None) -> str:
     """Cancel from any process. Returns ``cancelled`` when it settled at once, ``running`` when its
-    owner will abort it within about a second, or the terminal status it already had."""
+    owner will abort it within about a second, or the terminal status it already had. ``by`` (a
+    user) is shown as the one who cancelled a waiting run's approval."""
     before = Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
     if before is None:
         raise RunNotFound(run_id)
-    status = store.cancel(run_id)
+    status = store.cancel(run_id, by=by)
     if status == Status.CANCELLED and before != Status.CANCELLED:
         announce_settled(run_id)
     return status

@@ -298,7 +298,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         if kind == "cancel":
             if not policy().can_cancel(user, run):
                 return _error("forbidden", "you may not cancel this run")
-            return {"type": "ack", "action": "cancel", "status": api.cancel_run(run.pk)}
+            return {"type": "ack", "action": "cancel", "status": api.cancel_run(run.pk, by=user)}
         if not policy().can_steer(user, run):
             return _error("forbidden", "you may not steer this run")
         item = api.send_input(run.pk, content.get("payload"))

@@ -41,8 +41,9 @@ from .errors import AgentNotFound, ArtifactNotFound, LeaseLostError
 from .faults import crash_point
 from .lease import LeaseKeeper
 from .lifecycle import announce_settled
-from .models import Checkpoint, Run, Step
+from .models import Checkpoint, Run, Step, WaitPoint
 from .policy import policy
+from .serializers import decision_json
 from .store import Claim, StepRecord
 from .tool_phase import CLOSED_BY, Settled, ToolPhase
 from .tools import Tool
@@ -51,7 +52,6 @@ logger = logging.getLogger(__name__)
 
 # How many settled runs of a thread are looked at, newest first, for one its creator may view.
 HISTORY_CANDIDATES = 50
-
 
 
 def worker_identity() -> str:
@@ -112,7 +112,11 @@ class Execution(ToolPhase):
             deadline = agent.budget.deadline(time.monotonic())
             keeper = LeaseKeeper(self.claim, self.abort, deadline)
             keeper.start()
-            self.emit("run.resume" if self.claim.resumed else "run.start", status=Status.RUNNING)
+            if self.claim.resumed:
+                decision = self.decision_resumed_after()
+                self.emit("run.resume", status=Status.RUNNING, **({"decision": decision} if decision else {}))
+            else:
+                self.emit("run.start", status=Status.RUNNING)
             signals.run_started.send(
                 Run, run=self.run_row, resumed=self.claim.resumed, attempt=self.claim.attempt
             )
@@ -148,6 +152,21 @@ class Execution(ToolPhase):
             if unsubscribe:
                 unsubscribe()
             self.broadcaster.flush()
+
+    def decision_resumed_after(self) -> dict[str, Any] | None:
+        """The decision (or expiry) this execution resumes after: the run's latest wait point,
+        decided, and nothing saved after its wait step yet. Viewers learn from it who decided."""
+        latest = (
+            WaitPoint.objects.filter(run_id=self.claim.run_id)
+            .select_related("decided_by")
+            .order_by("-created_at", "-pk")
+            .first()
+        )
+        if latest is None or latest.decision in (None, WaitPoint.Decision.CANCELLED):
+            return None
+        if Step.objects.filter(run_id=self.claim.run_id, index__gt=latest.step_index).exists():
+            return None
+        return decision_json(latest)
 
     def emit(self, type_: str, **fields: Any) -> None:
         self.broadcaster.publish(self.claim.run_id, {"type": type_, **fields})
@@ -243,6 +262,9 @@ class Execution(ToolPhase):
             inputs = queries.pending_inputs(self.claim.run_id)
             for item in inputs:
                 messages.append({"role": "user", "content": _input_text(item.payload)})
+                # Shown where the model takes it: before the call of step ``index``. An aborted call
+                # saves nothing, and the next execution announces the same input again.
+                self.emit("input", step=index, input_id=item.pk, payload=item.payload)
             messages, index = self.model_step(agent, ctx, tools, messages, index, [i.pk for i in inputs])
 
     def settle_saved_ending(self, agent: Agent, messages: list[Message]) -> None:

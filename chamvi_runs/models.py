@@ -9,6 +9,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
+from django.urls import reverse
 
 from .core.states import Status
 
@@ -108,6 +109,9 @@ class Run(models.Model):
     def __str__(self) -> str:
         return f"{self.agent} {self.id} ({self.status})"
 
+    def get_absolute_url(self) -> str:
+        return reverse("chamvi_runs:run", args=[self.pk])
+
     @property
     def error(self) -> dict[str, str] | None:
         return {"code": self.error_code, "message": self.error_message} if self.error_code else None
@@ -173,6 +177,8 @@ class WaitPoint(models.Model):
         APPROVED = "approved"
         DENIED = "denied"
         EXPIRED = "expired"
+        # The run was cancelled while it waited: nobody decided the call, and it never ran.
+        CANCELLED = "cancelled"
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="waitpoints")
     kind = models.CharField(max_length=20, default="approval")
@@ -216,7 +222,8 @@ class WaitPoint(models.Model):
                 fields=["run", "model_step", "call_position"], name="chamvi_waitpoint_one_per_call"
             ),
             models.CheckConstraint(
-                condition=Q(decision__isnull=True) | Q(decision__in=["approved", "denied", "expired"]),
+                condition=Q(decision__isnull=True)
+                | Q(decision__in=["approved", "denied", "expired", "cancelled"]),
                 name="chamvi_waitpoint_decision_valid",
             ),
         ]

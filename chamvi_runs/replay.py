@@ -2,8 +2,9 @@
 
 1. The buffer (``buffer.py``) holds every event after the seq: exactly those, in seq order, once.
 2. It does not (the buffer expired, the cap trimmed it, Redis lost it): the run is rebuilt from its
-   stored steps: ``run.start``, each step (its text as one ``delta`` per kind, its tool calls and
-   results), its open ``run.waiting``, its ``run.end``. The rebuild is numbered after the run's
+   stored steps: ``run.start``, each step (the steering ``input`` its model call took, its text as
+   one ``delta`` per kind, its tool calls and results, the ``run.resume`` of a decision after a
+   wait step), its open ``run.waiting``, its ``run.end``. The rebuild is numbered after the run's
    highest seq N and opened by a ``replay.truncated`` event at N+1, which tells the client that the
    events before it are gone and to drop what it rendered of the run: what follows rebuilds it. So
    a client's seqs only grow, and every seq it was sent is a valid place to resume from.
@@ -33,8 +34,8 @@ from typing import Any
 
 from .buffer import BUFFER_EVENTS, MARKER, Rebuild, buffer_ttl, event_log, region
 from .core.states import TERMINAL, Status
-from .models import Run, Step
-from .serializers import run_end_event
+from .models import Run, RunInput, Step, WaitPoint
+from .serializers import decision_json, run_end_event
 
 # A step is at most 4 events in a rebuild (start, two deltas, end): a region stays well within the
 # cap, so the events after it are kept too.
@@ -79,7 +80,7 @@ def rebuild(run: Run) -> Rebuild:
         first = next((n for n, s in enumerate(steps) if n > 0 and s.kind == "llm"), len(steps))
         steps = steps[first:]
     events: list[dict[str, Any]] = [{"type": "run.start", "status": Status.RUNNING.value}]
-    events += _step_events(steps)
+    events += _step_events(steps, _inputs(run, steps), _decisions(run, steps))
     waiting = run.waitpoints.filter(decision__isnull=True).first() if run.status == Status.WAITING else None
     if waiting is not None:
         events.append(
@@ -106,7 +107,30 @@ def rebuild(run: Run) -> Rebuild:
     )
 
 
-def _step_events(steps: list[Step]) -> list[dict[str, Any]]:
+def _inputs(run: Run, steps: list[Step]) -> dict[str, Any]:
+    """Input id -> payload of the steering inputs the model calls of ``steps`` took."""
+    ids = [i for s in steps if s.kind == "llm" for i in (s.input or {}).get("inputs") or []]
+    return dict(RunInput.objects.filter(run=run, pk__in=ids).values_list("pk", "payload")) if ids else {}
+
+
+def _decisions(run: Run, steps: list[Step]) -> dict[int, dict[str, Any]]:
+    """Wait step index -> the decision the run resumed after (a cancel is told by run.end). An
+    active run's latest decision with no step stored after it is left to its own ``run.resume``,
+    live or carried after the region: a region holds each event once."""
+    decided = (
+        run.waitpoints.filter(decision__isnull=False)
+        .exclude(decision=WaitPoint.Decision.CANCELLED)
+        .select_related("decided_by")
+    )
+    last = max((s.index for s in steps), default=-1)
+    return {w.step_index: decision_json(w) for w in decided if run.status in TERMINAL or w.step_index < last}
+
+
+def _step_events(
+    steps: list[Step], inputs: dict[str, Any], decisions: dict[int, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The events of ``steps`` as the executions emitted them: the inputs each model call took
+    before it, and the ``run.resume`` of a decision after the wait step that asked for it."""
     events: list[dict[str, Any]] = []
     # Tool steps do not store their call id; each takes the first unused call of its name from the
     # model call before it, in order, as the engine ran them.
@@ -115,6 +139,10 @@ def _step_events(steps: list[Step]) -> list[dict[str, Any]]:
         base = {"step": step.index, "attempt": step.attempt}
         output = step.output or {}
         if step.kind == "llm":
+            for input_id in (step.input or {}).get("inputs") or []:
+                if input_id in inputs:
+                    taken = {"step": step.index, "input_id": input_id, "payload": inputs[input_id]}
+                    events.append({"type": "input", **taken})
             events.append({"type": "step.start", **base})
             for kind in ("reasoning", "text"):
                 if output.get(kind):
@@ -129,4 +157,7 @@ def _step_events(steps: list[Step]) -> list[dict[str, Any]]:
             events.append({"type": "tool.call", **call, "input": step.input})
             result = {"error": step.error} if step.error else {"output": step.output}
             events.append({"type": "tool.result", **call, **result})
+        elif step.kind == "wait" and step.index in decisions:
+            resume = {"type": "run.resume", "status": Status.RUNNING.value}
+            events.append({**resume, "decision": decisions[step.index]})
     return events

@@ -6,6 +6,7 @@ holds the claim, the text of an internal error); every other viewer sees stable 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +102,31 @@ def waitpoint_json(waitpoint: WaitPoint | None) -> dict[str, Any] | None:
     }
 
 
+def decision_json(waitpoint: WaitPoint) -> dict[str, Any]:
+    """A decided wait point as the pages and ``run.resume`` show it: what was decided, by whom."""
+    decided_by = waitpoint.decided_by
+    return {
+        "approval_id": waitpoint.approval_id,
+        "tool_name": waitpoint.tool_name,
+        "decision": waitpoint.decision,
+        "decided_by": decided_by.get_username() if decided_by is not None else None,
+        "decided_at": _iso(waitpoint.decided_at),
+        "reason": waitpoint.reason,
+    }
+
+
+def decisions_json(run: Run) -> list[dict[str, Any]]:
+    """Every decided wait point of the run, oldest first."""
+    decided = run.waitpoints.filter(decision__isnull=False).select_related("decided_by")
+    return [decision_json(w) for w in decided.order_by("created_at", "pk")]
+
+
+def pretty_json(value: Any) -> str:
+    """The one readable rendering of payloads, inputs and outputs on the pages (the pages' script
+    does the same with ``JSON.stringify(value, null, 2)``). Not escaped: templates escape it."""
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
 def run_json(run: Run, *, viewer: Any, window: StepWindow | None = None) -> dict[str, Any]:
     """The run as ``viewer`` may see it, with one window of its steps (the latest by default)."""
     internals = shows_internals(viewer)
@@ -133,6 +159,7 @@ def run_json(run: Run, *, viewer: Any, window: StepWindow | None = None) -> dict
     data["steps_page"] = page
     data["waiting"] = waitpoint_json(run.waitpoints.filter(decision__isnull=True).first())
     data["inputs"] = list(run.inputs.exclude(consumed_step=None).values_list("id", flat=True))
+    data["decisions"] = decisions_json(run)
     return data
 
 
@@ -146,4 +173,6 @@ def run_end_event(run: Run) -> dict[str, Any]:
         "error": error_json(run, internals=False),
         "usage": {"input_tokens": run.input_tokens, "output_tokens": run.output_tokens},
         "inputs": list(run.inputs.exclude(consumed_step=None).values_list("id", flat=True)),
+        # A cancel closes an open approval without a run.resume: the page learns it here.
+        "decisions": decisions_json(run),
     }

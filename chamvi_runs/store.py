@@ -460,10 +460,11 @@ def _close_history(run_id: str, reason: str) -> None:
 # --- steering from outside an execution --------------------------------------------------------
 
 
-def cancel(run_id: str) -> str:
+def cancel(run_id: str, *, by: Any = None) -> str:
     """Cancel from any process. Returns the status the run has afterwards: ``cancelled`` at once when
     no worker holds it; ``running`` with ``cancel_requested`` set when its owner must abort it; the
-    terminal status unchanged when it had already settled."""
+    terminal status unchanged when it had already settled. ``by`` is recorded as the one who decided
+    the open approval, if any."""
     with transaction.atomic():
         unheld = Q(claim_owner__isnull=True) | Q(claim_expires_at__lt=Now())
         if Run.objects.filter(_to(Status.CANCELLED), unheld, pk=run_id).update(
@@ -475,7 +476,10 @@ def cancel(run_id: str) -> str:
             updated_at=Now(),
         ):
             WaitPoint.objects.filter(run_id=run_id, decision__isnull=True).update(
-                decision=WaitPoint.Decision.DENIED, decided_at=Now(), reason="run cancelled"
+                decision=WaitPoint.Decision.CANCELLED,
+                decided_by=by if getattr(by, "pk", None) else None,
+                decided_at=Now(),
+                reason="run cancelled",
             )
             _close_history(run_id, "The run was cancelled before this tool call ran.")
             return Status.CANCELLED

@@ -14,4 +14,6 @@ urlpatterns = [
     path("api/approvals/<str:approval_id>/deny/", views_api.approval_deny, name="api-deny"),
     path("approvals/", views_pages.approvals, name="approvals"),
     path("runs/<str:run_id>/", views_pages.run_page, name="run"),
+    # A thread is any name, slashes included, as on its websocket (routing.py).
+    path("threads/<path:thread>/", views_pages.thread_page, name="thread"),
 ]

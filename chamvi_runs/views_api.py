@@ -210,7 +210,7 @@ def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
 @api_view("POST")
 def run_cancel(request: HttpRequest, run_id: str) -> HttpResponse:
     run = _run_for(request, run_id, cancel=True)
-    api.cancel_run(run.pk)
+    api.cancel_run(run.pk, by=request.api_user)  # type: ignore[attr-defined]
     run.refresh_from_db()
     status = 202 if run.status == "running" else 200
     return JsonResponse(run_json(run, viewer=request.api_user), status=status)  # type: ignore[attr-defined]

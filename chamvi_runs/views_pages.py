@@ -1,7 +1,11 @@
-"""The two HTML pages: waiting runs to decide, and a chat view of one run. Templates are
-``chamvi_runs/approvals.html`` and ``chamvi_runs/run.html``; override them in your project."""
+"""The HTML pages: waiting runs to decide, a chat view of one run, and of one thread. Templates are
+``chamvi_runs/approvals.html``, ``chamvi_runs/run.html`` and ``chamvi_runs/thread.html`` (with
+``chamvi_runs/thread_run.html`` for one run of a thread); override them in your project. The
+pages' script is ``chamvi_runs/chat.js``, which renders events the same way on both chat pages."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -12,10 +16,17 @@ from django.views.decorators.http import require_http_methods
 
 from . import api
 from .core.nul import has_nul
+from .core.states import TERMINAL, Status
 from .errors import DecisionRefused
-from .models import Run, WaitPoint
+from .models import Run, Step, Thread, WaitPoint
 from .policy import policy
-from .serializers import StepWindow, error_json, shows_internals, steps_page
+from .serializers import error_json, shows_internals
+
+# How many earlier runs of its thread a run page shows above it, and runs a thread page shows.
+THREAD_RUNS = 50
+# How many of a run's latest steps its summary on a thread page carries.
+SUMMARY_STEPS = 100
+DECIDED = {"approve": "Approved", "deny": "Denied"}
 
 
 def _posted(request: HttpRequest, name: str) -> str:
@@ -32,7 +43,7 @@ def approvals(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         action = request.POST.get("action")
         try:
-            if action in ("approve", "deny"):
+            if action in DECIDED:
                 approval_id = _posted(request, "approval_id")
                 waitpoint = WaitPoint.objects.select_related("run").filter(approval_id=approval_id).first()
                 if waitpoint is None or not policy().can_decide(request.user, waitpoint.run):
@@ -40,14 +51,21 @@ def approvals(request: HttpRequest) -> HttpResponse:
                 decide = api.approve if action == "approve" else api.deny
                 decide(waitpoint.approval_id, by=request.user, reason=_posted(request, "reason"))
                 messages.success(
-                    request, f"{action.title()}d {waitpoint.tool_name} for run {waitpoint.run_id}."
+                    request, f"{DECIDED[action]} {waitpoint.tool_name} for run {waitpoint.run_id}."
                 )
             elif action == "cancel":
                 run = Run.objects.filter(pk=_posted(request, "run_id")).first()
                 if run is None or not policy().can_cancel(request.user, run):
                     raise Http404("no such run")
-                api.cancel_run(run.pk)
-                messages.success(request, f"Cancelled run {run.pk}.")
+                open_approval = run.waitpoints.filter(decision__isnull=True)
+                tool = open_approval.values_list("tool_name", flat=True).first()
+                status = api.cancel_run(run.pk, by=request.user)
+                if status != Status.CANCELLED:
+                    messages.success(request, f"Cancel requested for run {run.pk}; it is {status}.")
+                elif tool:
+                    messages.success(request, f"Cancelled run {run.pk}; its approval of {tool} is cancelled.")
+                else:
+                    messages.success(request, f"Cancelled run {run.pk}.")
         except DecisionRefused as exc:
             messages.error(request, str(exc))
         return redirect("chamvi_runs:approvals")
@@ -60,15 +78,95 @@ def approvals(request: HttpRequest) -> HttpResponse:
     return render(request, "chamvi_runs/approvals.html", {"waitpoints": waiting, "cancellable": cancellable})
 
 
+def _decisions(run: Run) -> list[WaitPoint]:
+    decided = run.waitpoints.filter(decision__isnull=False).select_related("decided_by")
+    return list(decided.order_by("created_at", "pk"))
+
+
+def _viewable_thread(user: Any, name: str) -> Thread | None:
+    thread = None if has_nul(name) else Thread.objects.filter(name=name).first()
+    return thread if thread is not None and policy().can_view_thread(user, thread) else None
+
+
+def _summary(run: Run) -> dict[str, Any]:
+    """One run of a thread as its page shows it before (or without) the live stream: its trigger,
+    the conversation of its latest steps, its status and output."""
+    steps = list(run.steps.order_by("-index")[:SUMMARY_STEPS])[::-1]
+    taken = [i for s in steps if s.kind == Step.Kind.LLM for i in (s.input or {}).get("inputs") or []]
+    payloads = dict(run.inputs.filter(pk__in=taken).values_list("pk", "payload")) if taken else {}
+    items: list[dict[str, Any]] = []
+    for step in steps:
+        if step.kind == Step.Kind.LLM:
+            output = step.output or {}
+            for input_id in (step.input or {}).get("inputs") or []:
+                if input_id in payloads:
+                    items.append({"kind": "input", "payload": payloads[input_id]})
+            text, reasoning = output.get("text") or "", output.get("reasoning") or ""
+            items.append({"kind": "step", "text": text, "reasoning": reasoning})
+        elif step.kind == Step.Kind.TOOL:
+            items.append({"kind": "tool-call", "name": step.name, "value": step.input})
+            items.append(
+                {"kind": "tool-result", "name": step.name, "value": step.output, "error": step.error or None}
+            )
+    waiting = run.waitpoints.filter(decision__isnull=True).first() if run.status == Status.WAITING else None
+    return {
+        "run": run,
+        "message": (run.trigger or {}).get("payload"),
+        "items": items,
+        "error": error_json(run, internals=False),
+        # A text output is the last step's text, already in the conversation.
+        "structured_output": None if isinstance(run.output, str) else run.output,
+        "waiting": waiting,
+    }
+
+
+def _thread_runs(user: Any, runs: Any) -> list[dict[str, Any]]:
+    return [_summary(r) for r in runs if policy().can_view(user, r)]
+
+
 @login_required
 def run_page(request: HttpRequest, run_id: str) -> HttpResponse:
-    run = None if has_nul(run_id) else Run.objects.filter(pk=run_id).first()
-    if run is None or not policy().can_view(request.user, run):
+    run = None if has_nul(run_id) else Run.objects.select_related("created_by").filter(pk=run_id).first()
+    user = request.user
+    if run is None or not policy().can_view(user, run):
         raise Http404("no such run")
-    steps, _ = steps_page(run, StepWindow())
+    active = run.status not in TERMINAL
+    can_decide = bool(policy().can_decide(user, run))
+    waiting = run.waitpoints.filter(decision__isnull=True).first() if run.status == Status.WAITING else None
+    thread = _viewable_thread(user, run.thread) if run.thread else None
+    history: list[dict[str, Any]] = []
+    if thread is not None:
+        earlier = Run.objects.filter(thread=run.thread, created_at__lt=run.created_at).order_by("-created_at")
+        history = _thread_runs(user, list(earlier[:THREAD_RUNS])[::-1])
     context = {
         "run": run,
-        "steps": steps,
-        "error": error_json(run, internals=shows_internals(request.user)),
+        "error": error_json(run, internals=shows_internals(user)),
+        "waiting": waiting,
+        "can_decide": can_decide,
+        "decisions": _decisions(run),
+        "can_steer": active and policy().can_steer(user, run),
+        "can_cancel": active and policy().can_cancel(user, run),
+        "thread": thread,
+        "history": history,
+        "page": {
+            "run_id": run.pk,
+            "status": run.status,
+            "terminal": [s.value for s in TERMINAL],
+            "can_decide": can_decide,
+        },
     }
     return render(request, "chamvi_runs/run.html", context)
+
+
+@login_required
+def thread_page(request: HttpRequest, thread: str) -> HttpResponse:
+    found = _viewable_thread(request.user, thread)
+    if found is None:
+        raise Http404("no such thread")
+    runs = Run.objects.filter(thread=found.name).order_by("-created_at", "-id")[:THREAD_RUNS]
+    context = {
+        "thread": found,
+        "runs": _thread_runs(request.user, list(runs)[::-1]),
+        "page": {"thread": found.name, "terminal": [s.value for s in TERMINAL]},
+    }
+    return render(request, "chamvi_runs/thread.html", context)

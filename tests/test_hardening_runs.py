@@ -487,7 +487,7 @@ def test_a_concurrent_approve_and_cancel_never_deadlock(server):
         assert (run.status, decision) in (
             ("running", "approved"),  # approved; the cancel found it held or lost to it
             ("cancelled", "approved"),  # approved, then cancelled before a worker took it
-            ("cancelled", "denied"),  # cancelled while waiting: the approval closed with it
+            ("cancelled", "cancelled"),  # cancelled while waiting: the approval closed with it
         )
 
 

@@ -1,0 +1,321 @@
+"""The HTML pages as a user meets them (approvals, a run's chat page, a thread, the demo home, the
+admin's link to them), and the events and JSON they are built from: steering inputs shown in the
+conversation, decisions with who, when and why, a cancel that closes an approval as cancelled."""
+
+from __future__ import annotations
+
+import html
+import re
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.test import Client
+
+from chamvi_runs import approve, cancel_run, deny, send_input, start_run
+from chamvi_runs.models import Run, WaitPoint
+from chamvi_runs.replay import events_from_steps
+from tests.helpers import events, execute
+from tests.scripted_server import Reply, finish, text, tool_call
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(30)]
+
+REFUND = '{"order_id": "o-1", "amount_cents": 500}'
+EVIL = "</script><script>alert(1)</script>"
+
+
+def make_user(name: str, *perms: str) -> Any:
+    user = get_user_model().objects.create_user(name, f"{name}@example.com", "pw")
+    for codename in perms:
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    return user
+
+
+def client_for(user: Any) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def page(user: Any, path: str) -> str:
+    response = client_for(user).get(path)
+    assert response.status_code == 200, (path, response.status_code)
+    return response.content.decode()
+
+
+def run_page(user: Any, run: Run) -> str:
+    return page(user, f"/chamvi/runs/{run.pk}/")
+
+
+def element(content: str, id_: str) -> str:
+    """The HTML of the element with ``id_`` up to its closing tag (no nesting of the same tag)."""
+    found = re.search(rf'<(\w+)[^>]*\bid="{id_}"[^>]*>(.*?)</\1>', content, re.S)
+    return found.group(2) if found else ""
+
+
+def waiting_run(server: Any, owner: Any, arguments: str = REFUND) -> tuple[Run, WaitPoint]:
+    call = tool_call("c1", "refund", arguments)
+    server.script("m-approving", [Reply(text("Refunding"), call, finish("tool_calls"))])
+    run = execute(start_run("approving", "refund please", created_by=owner))
+    assert run.status == "waiting"
+    return run, WaitPoint.objects.get(run=run)
+
+
+# --- the run page -----------------------------------------------------------------------------------
+
+
+def test_a_decided_run_shows_who_decided_when_and_why_and_no_approval_buttons(server):
+    owner = make_user("owner")
+    approver = make_user("approver", "view_run", "approve_waitpoint")
+    run, waitpoint = waiting_run(server, owner)
+    waiting = element(run_page(approver, run), "waiting")
+    assert "refund" in waiting and 'data-action="approve"' in waiting and 'data-action="deny"' in waiting
+    assert 'data-action="approve"' not in element(run_page(owner, run), "waiting"), "owner may not decide"
+
+    approve(waitpoint.approval_id, by=approver, reason="customer is right")
+    server.script("m-approving", [Reply(text("Refunded."), finish("stop"))])
+    run = execute(run)
+    assert run.status == "completed"
+    content = run_page(approver, run)
+    assert element(content, "waiting").strip() == ""
+    assert 'data-action="approve"' not in content
+    decisions = element(content, "decisions")
+    assert 'class="decision"' in decisions
+    for shown in ("approved", "refund", "approver", "customer is right"):
+        assert shown in decisions, shown
+    decided_at = WaitPoint.objects.get(pk=waitpoint.pk).decided_at
+    assert f'datetime="{decided_at.isoformat()}"' in decisions
+
+    body = client_for(owner).get(f"/chamvi/api/runs/{run.pk}/").json()
+    assert body["decisions"] == [
+        {
+            "approval_id": waitpoint.approval_id,
+            "tool_name": "refund",
+            "decision": "approved",
+            "decided_by": "approver",
+            "decided_at": decided_at.isoformat(),
+            "reason": "customer is right",
+        }
+    ]
+
+
+def test_a_run_cancelled_while_waiting_closes_its_approval_as_cancelled(server):
+    owner = make_user("owner", "view_waitpoint")
+    owner.is_staff = True
+    owner.save()
+    run, waitpoint = waiting_run(server, owner)
+    assert cancel_run(run.pk) == "cancelled"
+    waitpoint.refresh_from_db()
+    closed = (waitpoint.decision, waitpoint.decided_by, waitpoint.reason)
+    assert closed == ("cancelled", None, "run cancelled")
+    content = run_page(owner, run)
+    assert element(content, "waiting").strip() == ""
+    decisions = element(content, "decisions")
+    assert "cancelled" in decisions and "refund" in decisions and "denied" not in decisions
+    [end] = [e for e in events(run) if e["type"] == "run.end"]
+    assert [(d["decision"], d["tool_name"]) for d in end["decisions"]] == [("cancelled", "refund")]
+    # The admin lists it as cancelled, not denied.
+    listing = page(owner, "/admin/chamvi_runs/waitpoint/")
+    assert re.search(r'<td class="field-decision">\s*Cancelled\s*</td>', listing), listing
+
+
+def test_controls_show_only_on_an_active_run_its_viewer_may_steer(server):
+    owner = make_user("owner")
+    viewer = make_user("viewer", "view_run")
+    run, _ = waiting_run(server, owner)
+    controls = element(run_page(owner, run), "controls")
+    assert 'id="input-text"' in controls and 'id="send"' in controls and 'id="cancel"' in controls
+    assert 'id="controls"' not in run_page(viewer, run), "a viewer who may neither steer nor cancel"
+    cancel_run(run.pk)
+    assert 'id="controls"' not in run_page(owner, run)
+
+
+def test_payloads_are_indented_json_escaped_on_the_run_and_approvals_pages(server):
+    approver = make_user("approver", "view_run", "approve_waitpoint")
+    arguments = '{"order_id": "' + EVIL.replace("/", "\\/") + '", "amount_cents": 500}'
+    server.script("m-approving", [Reply(tool_call("c1", "refund", arguments), finish("tool_calls"))])
+    run = execute(start_run("approving", {"message": EVIL}, created_by=approver))
+    assert run.status == "waiting"
+    for content in (run_page(approver, run), page(approver, "/chamvi/approvals/")):
+        assert "<script>alert" not in content
+    trigger = element(run_page(approver, run), "trigger")
+    escaped = html.escape(EVIL, quote=True)
+    assert f"<pre>{{\n  &quot;message&quot;: &quot;{escaped}&quot;\n}}</pre>" in trigger
+    approvals = page(approver, "/chamvi/approvals/")
+    assert f"&quot;order_id&quot;: &quot;{escaped}&quot;,\n  &quot;amount_cents&quot;: 500" in approvals
+
+
+def test_pages_link_to_each_other_and_to_the_site(server):
+    owner = make_user("owner", "view_run", "approve_waitpoint")
+    run, _ = waiting_run(server, owner)
+    for content in (run_page(owner, run), page(owner, "/chamvi/approvals/")):
+        assert 'id="to-site" href="/"' in content and 'id="to-approvals" href="/chamvi/approvals/"' in content
+    assert f'href="/chamvi/runs/{run.pk}/"' in page(owner, "/chamvi/approvals/")
+
+
+def test_the_approvals_page_says_what_was_decided(server):
+    decider = make_user("decider", "view_run", "approve_waitpoint", "cancel_run")
+    client = client_for(decider)
+    run, waitpoint = waiting_run(server, decider)
+    form = {"action": "deny", "approval_id": waitpoint.approval_id, "reason": "no"}
+    content = client.post("/chamvi/approvals/", form, follow=True).content.decode()
+    assert f"Denied refund for run {run.pk}." in content and 'class="approval"' not in content
+    assert WaitPoint.objects.get(pk=waitpoint.pk).decision == "denied"
+
+    other, _ = waiting_run(server, decider)
+    content = client.post("/chamvi/approvals/", {"action": "cancel", "run_id": other.pk}, follow=True)
+    assert f"Cancelled run {other.pk}; its approval of refund is cancelled." in content.content.decode()
+    # Who cancelled is the decision's author, shown on the run page like any decision.
+    closed = WaitPoint.objects.get(run=other)
+    assert (closed.decision, closed.decided_by) == ("cancelled", decider)
+    assert "decider" in element(run_page(decider, other), "decisions")
+
+
+# --- threads ----------------------------------------------------------------------------------------
+
+
+def test_a_thread_page_shows_its_runs_oldest_first_to_those_who_may_view_them(server):
+    owner, stranger = make_user("owner"), make_user("stranger")
+    thread = "support/ticket 7"
+    server.script("m-basic", [Reply(text("Hello Ada."), finish("stop"))])
+    first = execute(start_run("basic", "I am Ada", created_by=owner, thread=thread))
+    server.script("m-basic", [Reply(text("You are Ada."), finish("stop"))])
+    second = execute(start_run("basic", {"message": "Who am I?"}, created_by=owner, thread=thread))
+
+    content = page(owner, "/chamvi/threads/support/ticket%207/")
+    runs = re.findall(r'class="thread-run" data-run-id="([^"]+)"', content)
+    assert runs == [first.pk, second.pk]
+    for shown in ("I am Ada", "Hello Ada.", "You are Ada.", f'href="/chamvi/runs/{second.pk}/"', "completed"):
+        assert shown in content, shown
+    assert client_for(stranger).get("/chamvi/threads/support/ticket%207/").status_code == 404
+    assert client_for(owner).get("/chamvi/threads/nobody/").status_code == 404
+
+    # The run page of the second run shows the first above it, and links to the thread.
+    content = run_page(owner, second)
+    history = content.split('id="thread-history"')[1].split("<h1>")[0]
+    assert re.findall(r'data-run-id="([^"]+)"', history) == [first.pk]
+    assert "I am Ada" in history and "Hello Ada." in history
+    assert 'id="to-thread" href="/chamvi/threads/support/ticket%207/"' in content
+    assert 'id="thread-history"' not in run_page(owner, first)
+
+
+def test_a_run_page_leaves_out_earlier_runs_of_the_thread_its_viewer_may_not_see(server, settings):
+    owner, reader = make_user("owner"), make_user("reader", "view_run")
+    server.script("m-basic", [Reply(text("one"), finish("stop"))])
+    execute(start_run("basic", "first", created_by=owner, thread="t"))
+    settings.CHAMVI_RUNS = {**settings.CHAMVI_RUNS, "POLICY": f"{__name__}.OwnRunsPolicy"}
+    server.script("m-basic", [Reply(text("two"), finish("stop"))])
+    second = execute(start_run("basic", "second", created_by=owner, thread="t"))
+    assert 'id="thread-history"' in run_page(owner, second)
+    assert client_for(reader).get(f"/chamvi/runs/{second.pk}/").status_code == 404
+
+
+class OwnRunsPolicy:
+    """A site policy: users see their own runs and threads only."""
+
+    def can_view(self, user, run):
+        return user.is_authenticated and run.created_by_id == user.pk
+
+    can_steer = can_cancel = can_decide = can_view
+
+    def can_view_thread(self, user, thread):
+        return user is not None and user.is_authenticated and thread.owner_id == user.pk
+
+    def can_start(self, user, agent):
+        return user.is_authenticated
+
+    def scope(self, user):
+        return f"user:{user.pk}"
+
+
+# --- home and admin ---------------------------------------------------------------------------------
+
+
+def test_the_home_page_lists_the_users_recent_runs(server):
+    owner, other = make_user("owner"), make_user("other")
+    mine = start_run("basic", "mine", created_by=owner)
+    theirs = start_run("basic", "theirs", created_by=other)
+    content = page(owner, "/")
+    assert f'href="/chamvi/runs/{mine.pk}/"' in content and theirs.pk not in content
+    assert 'href="/chamvi/approvals/"' in content
+
+
+def test_the_admin_run_page_is_read_only_and_links_to_the_run_page(server):
+    admin = get_user_model().objects.create_superuser("root", "root@example.com", "pw")
+    run = start_run("basic", "x", created_by=admin)
+    content = page(admin, f"/admin/chamvi_runs/run/{run.pk}/change/")
+    assert f'href="/chamvi/runs/{run.pk}/"' in content and "View on site" in content
+    assert 'name="_save"' not in content and "deletelink" not in content
+
+
+# --- the events the pages render ----------------------------------------------------------------------
+
+
+def test_a_steering_input_is_an_event_before_the_model_call_that_takes_it_and_in_the_rebuild(server):
+    server.script(
+        "m-basic",
+        [
+            Reply(tool_call("c1", "add", '{"a": 1, "b": 1}'), finish("tool_calls")),
+            Reply(text("2, and hi"), finish("stop")),
+        ],
+    )
+    run = start_run("basic", "x")
+    item = send_input(run.pk, {"note": "also say hi"})
+    run = execute(run)
+    assert run.status == "completed"
+    live = events(run)
+    [taken] = [e for e in live if e["type"] == "input"]
+    assert {k: taken[k] for k in ("run_id", "step", "input_id", "payload")} == {
+        "run_id": run.pk,
+        "step": 0,
+        "input_id": item.pk,
+        "payload": {"note": "also say hi"},
+    }
+    assert live[live.index(taken) + 1]["type"] == "step.start"
+    rebuilt = events_from_steps(run)
+    assert [e["type"] for e in rebuilt][:3] == ["run.start", "input", "step.start"]
+    assert {k: rebuilt[1][k] for k in ("step", "input_id", "payload")} == {
+        "step": 0,
+        "input_id": item.pk,
+        "payload": {"note": "also say hi"},
+    }
+
+
+@pytest.mark.parametrize("decision", ["approved", "denied"])
+def test_the_run_resumes_after_a_decision_with_who_made_it(server, decision):
+    approver = make_user("approver", "view_run", "approve_waitpoint")
+    run, waitpoint = waiting_run(server, approver)
+    (approve if decision == "approved" else deny)(waitpoint.approval_id, by=approver, reason="because")
+    server.script("m-approving", [Reply(text("Done."), finish("stop"))])
+    run = execute(run)
+    assert run.status == "completed"
+    decided_at = WaitPoint.objects.get(pk=waitpoint.pk).decided_at.isoformat()
+    expected = {
+        "approval_id": waitpoint.approval_id,
+        "tool_name": "refund",
+        "decision": decision,
+        "decided_by": "approver",
+        "decided_at": decided_at,
+        "reason": "because",
+    }
+    [resume] = [e for e in events(run) if e["type"] == "run.resume"]
+    assert resume["decision"] == expected
+    # Rebuilt from the stored steps, the run resumes at the same place with the same decision.
+    rebuilt = events_from_steps(run)
+    [again] = [e for e in rebuilt if e["type"] == "run.resume"]
+    assert again["decision"] == expected
+    before = [e["type"] for e in rebuilt[: rebuilt.index(again)]]
+    assert before == ["run.start", "step.start", "delta", "step.end"]
+
+
+def test_a_run_resumed_without_a_decision_announces_none(server):
+    from chamvi_runs import store
+
+    server.script("m-basic", [Reply(text("hi"), finish("stop"))])
+    run = start_run("basic", "x")
+    claim = store.claim(run.pk, "dead-worker", 5)
+    store.settle(claim, "interrupted")
+    run = execute(run)
+    [resume] = [e for e in events(run) if e["type"] == "run.resume"]
+    assert "decision" not in resume
