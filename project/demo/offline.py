@@ -14,10 +14,22 @@ def _order_id(text: str) -> str:
     return match.group(0) if match else "A-1001"
 
 
+def _is_trigger(message: dict) -> bool:
+    """The first message of a run: a user message holding the JSON block of its trigger."""
+    content = message.get("content")
+    text = content if isinstance(content, str) else (content or [{}])[0].get("text", "")
+    try:
+        return message.get("role") == "user" and "payload" in json.loads(text)
+    except (TypeError, ValueError, AttributeError):
+        return False
+
+
 def _next_turn(messages: list[dict]) -> ScriptedTurn:
-    tool_results = [m for m in messages if m.get("role") == "tool"]
-    first = messages[1] if messages and messages[0].get("role") == "system" else messages[0]
-    content = first.get("content")
+    # A run of a thread starts after the thread's earlier runs: only its own part of the history counts.
+    start = max((n for n, m in enumerate(messages) if _is_trigger(m)), default=0)
+    own = messages[start:]
+    tool_results = [m for m in own if m.get("role") == "tool"]
+    content = own[0].get("content") if own else ""
     text = content if isinstance(content, str) else json.dumps(content)
     order = _order_id(text)
     if not tool_results:
