@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test soak bench worker tick clean
+.PHONY: demo test soak bench worker tick clean screenshots
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ test: $(STAMP)
 SCALE ?= 5
 soak: $(STAMP)
 	CHAMVI_FAULT_SCALE=$(SCALE) $(PY) -m pytest tests/faults
+
+# The PNGs of docs/screenshots/, taken by the browser suite (headless Chromium) as it goes.
+screenshots: $(STAMP)
+	CHAMVI_SCREENSHOTS=docs/screenshots $(PY) -m pytest tests/browser -q
 
 bench: $(STAMP)
 	$(PY) bench/run.py
