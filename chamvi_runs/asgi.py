@@ -45,22 +45,4 @@ def get_asgi_application() -> Any:
 
         http = ASGIStaticFilesHandler(http)
     start_embedded()
-    return _StartsArmedExecutor(ProtocolTypeRouter({"http": http, "websocket": websocket_application()}))
-
-
-class _StartsArmedExecutor:
-    """``runserver`` runs the system checks, which import this application without starting the
-    embedded executor (see ``executors.inspecting``), in the process that then serves it: the first
-    request starts what they armed."""
-
-    # What system check W004 looks for.
-    starts_embedded_executor = True
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> Any:
-        from .executors import start_armed_embedded
-
-        start_armed_embedded()
-        return await self.app(scope, receive, send)
+    return ProtocolTypeRouter({"http": http, "websocket": websocket_application()})

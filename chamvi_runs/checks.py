@@ -36,6 +36,7 @@ W006       ``EXECUTOR`` is ``"rq"`` with a SQLite database: workers are other pr
 
 from __future__ import annotations
 
+import sys
 from datetime import timedelta
 from typing import Any
 
@@ -207,8 +208,11 @@ def check_executor_runs_somewhere(app_configs: Any = None, **kwargs: Any) -> lis
     process, which must start it; with ``rq`` it is other processes, which need PostgreSQL."""
     executor = _executor()
     if executor == "rq":
-        engines = {db.get("ENGINE", "") for db in settings.DATABASES.values()}
-        if any(engine.endswith("sqlite3") for engine in engines):
+        from django.db import router
+
+        from .models import Run
+
+        if settings.DATABASES[router.db_for_write(Run)].get("ENGINE", "").endswith("sqlite3"):
             return [
                 Warning(
                     "CHAMVI_RUNS['EXECUTOR'] is 'rq' with a SQLite database: RQ workers claim runs from "
@@ -244,12 +248,18 @@ def _asgi_starts_embedded() -> bool:
     path = getattr(settings, "ASGI_APPLICATION", None)
     if not path:
         return False
+    module = path.rpartition(".")[0]
+    fresh = module not in sys.modules
     with executors.inspecting():
         try:
-            application = import_string(path)
+            import_string(path)
         except Exception:  # an application that cannot be imported: the server reports that itself
             return True
-    return bool(getattr(application, "starts_embedded_executor", False)) or executors.embedded_requested()
+        finally:
+            if fresh:
+                # The server imports it again and starts the executor then (runserver checks first).
+                sys.modules.pop(module, None)
+    return executors.embedded_requested()
 
 
 @register(Tags.urls)
@@ -259,10 +269,11 @@ def check_login_url(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
     from django.shortcuts import resolve_url
     from django.urls import NoReverseMatch, Resolver404, get_script_prefix, resolve
 
+    shown = settings.LOGIN_URL if isinstance(settings.LOGIN_URL, str) else type(settings.LOGIN_URL).__name__
     try:
         url = str(resolve_url(settings.LOGIN_URL))
-    except NoReverseMatch:
-        pass  # a URL name no pattern has
+    except (NoReverseMatch, TypeError, ValueError):
+        pass  # a URL name no pattern has (lazy or not), or no URL at all
     else:
         if "://" in url or url.startswith("//") or not url.startswith("/"):
             return []  # another host, or a relative URL: nothing this site can check
@@ -274,7 +285,7 @@ def check_login_url(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
             pass
     return [
         Warning(
-            f"settings.LOGIN_URL ({settings.LOGIN_URL!r}) resolves to no view: the chamvi_runs pages "
+            f"settings.LOGIN_URL ({shown!r}) resolves to no view: the chamvi_runs pages "
             "redirect anonymous visitors there",
             hint='Point it at your login view, e.g. LOGIN_URL = "admin:login".',
             id="chamvi_runs.W005",

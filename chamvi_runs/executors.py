@@ -32,7 +32,6 @@ def enqueue(run_id: str) -> None:
 def _enqueue_now(run_id: str) -> None:
     crash_point("before_enqueue")
     if conf.EXECUTOR == "thread":
-        start_armed_embedded()
         thread_executor().submit(run_id)
         return
     rq_queue(conf.QUEUE).enqueue(
@@ -135,12 +134,12 @@ def thread_executor() -> ThreadExecutor:
 
 
 class _Embedded:
-    """Whether this process executes runs in embedded mode, and whether its threads run yet.
+    """Whether this process asked to execute runs in embedded mode, and whether its threads run.
 
-    A system check imports the site's ASGI application to see whether it starts the executor
-    (chamvi_runs.W004). That import must not start threads in ``manage.py migrate``: while a check
-    inspects, ``start_embedded()`` only arms the start, and the threads start on first use (a
-    websocket connection or an enqueued run), in the server process that imported the same module.
+    System check W004 imports the site's ASGI application to see whether it asks; while it does
+    (``inspecting``), ``start_embedded()`` records the request and starts nothing: ``manage.py
+    migrate`` must execute no run. The check then forgets the module, so the server that imports
+    it next (``runserver``, in the same process) runs ``start_embedded()`` for real.
     """
 
     def __init__(self) -> None:
@@ -179,8 +178,8 @@ def start_embedded(interval: float = 2.0) -> None:
         _embedded.requested = True
         if _embedded.started or _embedded.inspecting:
             return
+        thread_executor()
         _embedded.started = True
-    thread_executor()
 
     def loop() -> None:
         import time
@@ -197,9 +196,3 @@ def start_embedded(interval: float = 2.0) -> None:
             time.sleep(interval)
 
     threading.Thread(target=loop, name="chamvi-janitor", daemon=True).start()
-
-
-def start_armed_embedded() -> None:
-    """Start what ``start_embedded()`` armed during a check's import; on first use of the process."""
-    if _embedded.requested and not _embedded.started:
-        start_embedded()

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
-from django.db.models import DateTimeField, ExpressionWrapper, Q, Value
+from django.db.models import DateTimeField, ExpressionWrapper, Q, QuerySet, Value
 from django.db.models.functions import Now
 
 from .core.states import Status
-from .models import Run, RunInput, WaitPoint
+from .models import Run, RunInput, Step, WaitPoint
 from .store import waits_for_elder
 
 
@@ -18,6 +19,18 @@ def cancel_requested(run_id: str) -> bool:
 
 def pending_inputs(run_id: str) -> list[RunInput]:
     return list(RunInput.objects.filter(run_id=run_id, consumed_step__isnull=True))
+
+
+def taken_inputs(run: Run, steps: list[Step]) -> dict[str, Any]:
+    """Input id -> payload of the steering inputs the model calls of ``steps`` took."""
+    ids = [i for s in steps if s.kind == Step.Kind.LLM for i in (s.input or {}).get("inputs") or []]
+    return dict(RunInput.objects.filter(run=run, pk__in=ids).values_list("pk", "payload")) if ids else {}
+
+
+def decided_waitpoints(run: Run) -> QuerySet[WaitPoint]:
+    """The run's decided wait points, oldest first, with who decided."""
+    decided = run.waitpoints.filter(decision__isnull=False).select_related("decided_by")
+    return decided.order_by("created_at", "pk")
 
 
 def runs_to_enqueue(stale_after_seconds: float) -> list[str]:

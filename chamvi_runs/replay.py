@@ -32,9 +32,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import queries
 from .buffer import BUFFER_EVENTS, MARKER, Rebuild, buffer_ttl, event_log, region
 from .core.states import TERMINAL, Status
-from .models import Run, RunInput, Step, WaitPoint
+from .models import Run, Step, WaitPoint
 from .serializers import decision_json, run_end_event
 
 # A step is at most 4 events in a rebuild (start, two deltas, end): a region stays well within the
@@ -80,7 +81,7 @@ def rebuild(run: Run) -> Rebuild:
         first = next((n for n, s in enumerate(steps) if n > 0 and s.kind == "llm"), len(steps))
         steps = steps[first:]
     events: list[dict[str, Any]] = [{"type": "run.start", "status": Status.RUNNING.value}]
-    events += _step_events(steps, _inputs(run, steps), _decisions(run, steps))
+    events += _step_events(steps, queries.taken_inputs(run, steps), _decisions(run, steps))
     waiting = run.waitpoints.filter(decision__isnull=True).first() if run.status == Status.WAITING else None
     if waiting is not None:
         events.append(
@@ -107,23 +108,14 @@ def rebuild(run: Run) -> Rebuild:
     )
 
 
-def _inputs(run: Run, steps: list[Step]) -> dict[str, Any]:
-    """Input id -> payload of the steering inputs the model calls of ``steps`` took."""
-    ids = [i for s in steps if s.kind == "llm" for i in (s.input or {}).get("inputs") or []]
-    return dict(RunInput.objects.filter(run=run, pk__in=ids).values_list("pk", "payload")) if ids else {}
-
-
 def _decisions(run: Run, steps: list[Step]) -> dict[int, dict[str, Any]]:
-    """Wait step index -> the decision the run resumed after (a cancel is told by run.end). An
-    active run's latest decision with no step stored after it is left to its own ``run.resume``,
-    live or carried after the region: a region holds each event once."""
-    decided = (
-        run.waitpoints.filter(decision__isnull=False)
-        .exclude(decision=WaitPoint.Decision.CANCELLED)
-        .select_related("decided_by")
-    )
+    """Wait step index -> the decision the run resumed after: one with a step stored after it. A
+    cancel is told by run.end; an expiry that failed the run never resumed; an active run's latest
+    decision is left to its own ``run.resume``, live or carried after the region (a region holds
+    each event once). Every decision is in the run's JSON and its ``run.end`` either way."""
+    decided = queries.decided_waitpoints(run).exclude(decision=WaitPoint.Decision.CANCELLED)
     last = max((s.index for s in steps), default=-1)
-    return {w.step_index: decision_json(w) for w in decided if run.status in TERMINAL or w.step_index < last}
+    return {w.step_index: decision_json(w) for w in decided if w.step_index < last}
 
 
 def _step_events(

@@ -28,9 +28,6 @@ class InMemoryLayerLoop:
         from channels.layers import InMemoryChannelLayer, get_channel_layer
 
         from .broadcast import publisher
-        from .executors import start_armed_embedded
-
-        start_armed_embedded()
         if isinstance(get_channel_layer(), InMemoryChannelLayer):
             publisher.use_loop()
         return await self.app(scope, receive, send)

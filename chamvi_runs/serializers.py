@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from . import queries
 from .models import Run, Step, WaitPoint
 
 INTERNAL_ERROR = "internal_error"
@@ -117,8 +118,7 @@ def decision_json(waitpoint: WaitPoint) -> dict[str, Any]:
 
 def decisions_json(run: Run) -> list[dict[str, Any]]:
     """Every decided wait point of the run, oldest first."""
-    decided = run.waitpoints.filter(decision__isnull=False).select_related("decided_by")
-    return [decision_json(w) for w in decided.order_by("created_at", "pk")]
+    return [decision_json(w) for w in queries.decided_waitpoints(run)]
 
 
 def pretty_json(value: Any) -> str:

@@ -441,12 +441,24 @@ def settle(
     with transaction.atomic():
         if not _update_held(claim, unless_cancelled=status not in TERMINAL, where=_to(status), **fields):
             return False
+        if status == Status.CANCELLED:
+            # A cancel its execution settles (e.g. while going back to waiting) closes the approval too.
+            _cancel_open_approval(claim.run_id)
         if close_history is not None:
             _close_history(claim.run_id, close_history)
     return True
 
 
 CLOSED_AT_END = "The run ended before this tool call ran."
+
+
+def _cancel_open_approval(run_id: str, by: Any = None) -> None:
+    WaitPoint.objects.filter(run_id=run_id, decision__isnull=True).update(
+        decision=WaitPoint.Decision.CANCELLED,
+        decided_by=by if getattr(by, "pk", None) else None,
+        decided_at=Now(),
+        reason="run cancelled",
+    )
 
 
 def _close_history(run_id: str, reason: str) -> None:
@@ -475,12 +487,7 @@ def cancel(run_id: str, *, by: Any = None) -> str:
             finished_at=Now(),
             updated_at=Now(),
         ):
-            WaitPoint.objects.filter(run_id=run_id, decision__isnull=True).update(
-                decision=WaitPoint.Decision.CANCELLED,
-                decided_by=by if getattr(by, "pk", None) else None,
-                decided_at=Now(),
-                reason="run cancelled",
-            )
+            _cancel_open_approval(run_id, by)
             _close_history(run_id, "The run was cancelled before this tool call ran.")
             return Status.CANCELLED
         Run.objects.filter(pk=run_id, status=Status.RUNNING).update(cancel_requested=True, updated_at=Now())

@@ -14,7 +14,8 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
-from . import api
+from . import api, queries
+from .consumers import THREAD_REPLAY_RUNS
 from .core.nul import has_nul
 from .core.states import TERMINAL, Status
 from .errors import DecisionRefused
@@ -22,8 +23,9 @@ from .models import Run, Step, Thread, WaitPoint
 from .policy import policy
 from .serializers import error_json, shows_internals
 
-# How many earlier runs of its thread a run page shows above it, and runs a thread page shows.
-THREAD_RUNS = 50
+# How many earlier runs of its thread a run page shows above it, and runs a thread page shows: as
+# many as the thread socket replays, or the page would take older replayed runs for new ones.
+THREAD_RUNS = THREAD_REPLAY_RUNS
 # How many of a run's latest steps its summary on a thread page carries.
 SUMMARY_STEPS = 100
 DECIDED = {"approve": "Approved", "deny": "Denied"}
@@ -78,11 +80,6 @@ def approvals(request: HttpRequest) -> HttpResponse:
     return render(request, "chamvi_runs/approvals.html", {"waitpoints": waiting, "cancellable": cancellable})
 
 
-def _decisions(run: Run) -> list[WaitPoint]:
-    decided = run.waitpoints.filter(decision__isnull=False).select_related("decided_by")
-    return list(decided.order_by("created_at", "pk"))
-
-
 def _viewable_thread(user: Any, name: str) -> Thread | None:
     thread = None if has_nul(name) else Thread.objects.filter(name=name).first()
     return thread if thread is not None and policy().can_view_thread(user, thread) else None
@@ -92,8 +89,7 @@ def _summary(run: Run) -> dict[str, Any]:
     """One run of a thread as its page shows it before (or without) the live stream: its trigger,
     the conversation of its latest steps, its status and output."""
     steps = list(run.steps.order_by("-index")[:SUMMARY_STEPS])[::-1]
-    taken = [i for s in steps if s.kind == Step.Kind.LLM for i in (s.input or {}).get("inputs") or []]
-    payloads = dict(run.inputs.filter(pk__in=taken).values_list("pk", "payload")) if taken else {}
+    payloads = queries.taken_inputs(run, steps)
     items: list[dict[str, Any]] = []
     for step in steps:
         if step.kind == Step.Kind.LLM:
@@ -143,7 +139,7 @@ def run_page(request: HttpRequest, run_id: str) -> HttpResponse:
         "error": error_json(run, internals=shows_internals(user)),
         "waiting": waiting,
         "can_decide": can_decide,
-        "decisions": _decisions(run),
+        "decisions": list(queries.decided_waitpoints(run)),
         "can_steer": active and policy().can_steer(user, run),
         "can_cancel": active and policy().can_cancel(user, run),
         "thread": thread,

@@ -66,27 +66,32 @@ def test_no_static_files_without_debug(settings):
     assert status == 404
 
 
-def test_embedded_executor_starts_in_the_serving_process_not_in_checks(tmp_path):
+@pytest.mark.parametrize(
+    "application", ["project.asgi.application", "tests.testapp.asgi_with_start_embedded.application"]
+)
+def test_embedded_executor_starts_in_the_serving_process_not_in_checks(tmp_path, application):
     # runserver runs the checks (which import the application) and then serves it in one process;
-    # manage.py migrate runs the same checks and must execute nothing.
+    # manage.py migrate runs the same checks and must execute nothing. The same for a site's own
+    # router that calls start_embedded().
     script = textwrap.dedent(
         """
         import asyncio, threading
         import django
         django.setup()
+        from django.conf import settings
+        settings.ASGI_APPLICATION = "{application}"
         from django.core.management import call_command
         call_command("migrate", verbosity=0)
         call_command("check", fail_level="WARNING")
         names = lambda: {t.name for t in threading.enumerate()}
         print("after checks:", sorted(n for n in names() if n.startswith("chamvi")))
-        from django.conf import settings
         from django.utils.module_loading import import_string
         application = import_string(settings.ASGI_APPLICATION)
         from tests.test_asgi_app import _get
         status, _, _ = asyncio.run(_get(application, "/"))
         print("after first request:", status, sorted(n for n in names() if n.startswith("chamvi-janitor")))
         """
-    )
+    ).replace("{application}", application)
     env = {
         k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL", "OPENAI_API_KEY")
     }

@@ -8,6 +8,7 @@ from django.core.checks import Error
 from django.core.checks import Warning as CheckWarning
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
+from django.urls import reverse_lazy
 
 from chamvi_runs import checks
 from chamvi_runs.checks import (
@@ -310,7 +311,10 @@ def test_w004_not_for_the_rq_executor(settings, embedded_not_requested):
 @pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
 def test_w006_rq_executor_on_sqlite(settings):
     sqlite = {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}
+    # Another alias on SQLite is none of chamvi's business: runs are written to the default one.
     settings.DATABASES = {**settings.DATABASES, "other": sqlite}
+    assert check_executor_runs_somewhere() == []
+    settings.DATABASES = {**settings.DATABASES, "default": sqlite}
     found = _with_id(check_executor_runs_somewhere(), "W006")
     assert len(found) == 1 and "PostgreSQL" in found[0].msg
     _override(settings, EXECUTOR="thread")
@@ -318,14 +322,25 @@ def test_w006_rq_executor_on_sqlite(settings):
     assert _with_id(check_executor_runs_somewhere(), "W006") == []
 
 
-@pytest.mark.parametrize("login_url", ["/accounts/login/", "accounts:login", "/chamvi/nowhere/"])
-def test_w005_login_url_that_resolves_nowhere(settings, login_url):
+@pytest.mark.parametrize(
+    ("login_url", "shown"),
+    [
+        ("/accounts/login/", "/accounts/login/"),
+        ("accounts:login", "accounts:login"),
+        ("/chamvi/nowhere/", "/chamvi/nowhere/"),
+        (reverse_lazy("nope:login"), "__proxy__"),
+        (None, "NoneType"),
+    ],
+)
+def test_w005_login_url_that_resolves_nowhere(settings, login_url, shown):
     settings.LOGIN_URL = login_url
     found = _with_id(check_login_url(), "W005")
-    assert len(found) == 1 and login_url in found[0].msg, check_login_url()
+    assert len(found) == 1 and shown in found[0].msg, check_login_url()
 
 
-@pytest.mark.parametrize("login_url", ["/admin/login/", "admin:login", "https://sso.example.com/login"])
+@pytest.mark.parametrize(
+    "login_url", ["/admin/login/", "admin:login", reverse_lazy("admin:login"), "https://sso.example.com/login"]
+)
 def test_w005_quiet_for_a_login_url_that_resolves(settings, login_url):
     settings.LOGIN_URL = login_url
     assert check_login_url() == []

@@ -432,3 +432,24 @@ def test_budgets_count_the_model_calls_of_earlier_executions(server):
     server.script("m-limited", [Reply(tool_call("c2", "add", '{"a": 3, "b": 3}'), finish("tool_calls"))])
     run = execute(run)
     assert (run.status, run.error_code, run.model_calls) == ("failed", "budget_exceeded", 2)
+
+
+def test_a_cancel_that_lands_while_a_run_goes_back_to_waiting_closes_its_approval():
+    # A run resumed after one decision finds its next approval still open and goes back to waiting;
+    # a cancel requested meanwhile wins, and the approval must not stay open on a cancelled run.
+    from chamvi_runs.core.states import Status
+    from chamvi_runs.models import WaitPoint
+
+    run = start_run("basic", "x")
+    Run.objects.filter(pk=run.pk).update(status="waiting")
+    WaitPoint.objects.create(
+        run_id=run.pk, step_index=0, tool_name="refund", input={}, expires_at=run.created_at
+    )
+    Run.objects.filter(pk=run.pk).update(status="running")
+    claim = store.claim(run.pk, "w1", 30)
+    assert cancel_run(run.pk) == "running"  # held: its owner settles it
+    with pytest.raises(store.CancelRequested):
+        store.back_to_waiting(claim)
+    assert store.settle(claim, Status.CANCELLED)
+    closed = WaitPoint.objects.get(run_id=run.pk)
+    assert (closed.decision, closed.reason) == ("cancelled", "run cancelled")

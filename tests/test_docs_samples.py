@@ -336,8 +336,8 @@ install()
 def test_testing_page_sample_passes_under_pytest_django(tmp_path: Path) -> None:
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "test_support.py").write_text(block("testing-pytest"))
-    # A database of its own: this process's test database is in use.
-    database = os.environ["DATABASE_URL"].rsplit("/", 1)[0] + "/chamvi_docs_sample"
+    # A database of its own, named after this run's: this process's test database is in use.
+    database = os.environ["DATABASE_URL"].split("?", 1)[0] + "_docs_sample"
     env = {
         **os.environ,
         "DATABASE_URL": database,

@@ -5,10 +5,10 @@ from django.db import migrations, models
 
 
 def mark_cancelled(apps, schema_editor):
-    """Wait points closed by a cancel were stored as denied, with this reason and nobody deciding."""
+    """Wait points closed by a cancel were stored as denied, with this reason, on a cancelled run."""
     WaitPoint = apps.get_model("chamvi_runs", "WaitPoint")
     WaitPoint.objects.filter(
-        decision="denied", reason="run cancelled", decided_by__isnull=True, run__status="cancelled"
+        decision="denied", reason="run cancelled", run__status="cancelled"
     ).update(decision="cancelled")
 
 

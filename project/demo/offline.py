@@ -19,7 +19,8 @@ def _is_trigger(message: dict) -> bool:
     content = message.get("content")
     text = content if isinstance(content, str) else (content or [{}])[0].get("text", "")
     try:
-        return message.get("role") == "user" and "payload" in json.loads(text)
+        block = json.loads(text)
+        return message.get("role") == "user" and isinstance(block, dict) and "payload" in block
     except (TypeError, ValueError, AttributeError):
         return False
 
