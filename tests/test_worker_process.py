@@ -58,9 +58,16 @@ def test_a_worker_process_executes_a_run_from_the_queue(server, spawn):
     run.refresh_from_db()
     assert run.output == "42" and run.model_calls == 2 and (run.input_tokens, run.output_tokens) == (7, 4)
     assert list(Step.objects.filter(run=run).values_list("kind", flat=True)) == ["llm", "tool", "llm"]
+    # The worker records events a moment after the settle it announces is committed.
+    wait_for(lambda: _last_event(run) == "run.end", 10, lambda: "run.end\n" + worker.output())
     stream = events(run)
     assert [e["seq"] for e in stream] == list(range(1, len(stream) + 1))
     assert stream[-1]["type"] == "run.end" and stream[-1]["status"] == "completed"
+
+
+def _last_event(run: Run) -> str | None:
+    stream = events(run)
+    return stream[-1]["type"] if stream else None
 
 
 def test_sigterm_drains_to_interrupted_and_another_worker_resumes(server, spawn):
@@ -155,5 +162,6 @@ def test_sigkill_mid_stream_is_recovered_by_the_janitor(server, spawn):
     run.refresh_from_db()
     # The killed call was made: it counts against the budget, as the one that answered does.
     assert run.output == "recovered" and run.attempt == 2 and run.model_calls == 2
+    wait_for(lambda: _last_event(run) == "run.end", 10, lambda: "run.end\n" + rescuer.output())
     attempts = sorted({e.get("attempt") for e in events(run) if e["type"] == "delta"})
     assert attempts == [1, 2], "the retry's events carry a higher attempt"
