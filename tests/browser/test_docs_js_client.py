@@ -16,23 +16,27 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 FOLLOW = """async () => {
   const run = await startRun("support", {message: "Order A-1001 arrived broken."});
   const seqs = [], replies = [], resumes = [];
-  let dropped = false;
+  let dropped = false, waiting = null;
+  // The connection drops once the run waits and the input's ack is in (a socket closed earlier
+  // would lose the ack, not the input); the run is approved meanwhile: the client resumes after
+  // its last seq.
+  function dropAndApprove() {
+    if (dropped || !waiting || !replies.some((r) => r.type === "ack")) return;
+    dropped = true;
+    window.__sockets.at(-1).close();
+    const csrf = document.cookie.match(/(?:^|; )csrftoken=([^;]*)/)[1];
+    fetch(`/chamvi/api/approvals/${waiting.approval_id}/approve/`, {
+      method: "POST", headers: {"Content-Type": "application/json", "X-CSRFToken": csrf},
+      body: JSON.stringify({reason: "photos checked"}),
+    });
+  }
   return await new Promise((resolve) => {
     const follower = followRun(run.id, {
       onEvent(view, event) {
         seqs.push(event.seq);
         if (event.type === "run.start") follower.send({type: "input", payload: "The box was damaged too."});
         if (event.type === "run.resume") resumes.push(event);
-        if (event.type === "run.waiting" && !dropped) {
-          dropped = true;
-          // The connection drops; the run is approved meanwhile: the client resumes after its last seq.
-          window.__sockets.at(-1).close();
-          const csrf = document.cookie.match(/(?:^|; )csrftoken=([^;]*)/)[1];
-          fetch(`/chamvi/api/approvals/${event.approval_id}/approve/`, {
-            method: "POST", headers: {"Content-Type": "application/json", "X-CSRFToken": csrf},
-            body: JSON.stringify({reason: "photos checked"}),
-          });
-        }
+        if (event.type === "run.waiting") { waiting = event; dropAndApprove(); }
         if (event.type === "run.end") resolve({
           id: run.id, seqs, replies, resumes, status: view.status, output: view.end.output,
           waiting: view.waiting, sockets: window.__sockets.length,
@@ -40,7 +44,7 @@ FOLLOW = """async () => {
           tools: view.tools.map((e) => [e.type, e.name || e.input_id]),
         });
       },
-      onReply(reply) { replies.push(reply); },
+      onReply(reply) { replies.push(reply); dropAndApprove(); },
     });
   });
 }"""
