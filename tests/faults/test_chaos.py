@@ -338,7 +338,8 @@ def test_web_and_workers_survive_a_redis_flush_and_restart(model, pool, redis, w
     _redis_restart(redis)
     more = {**start_tagged(4), **before, **_web_starts_and_reads_a_run(web)}
     recover(more.values(), pool)
-    assert all(w.proc.poll() is None for w in first), "a worker died with the Redis restart"
+    dead = [w for w in first if w.proc.poll() is not None]
+    assert not dead, "a worker died with the Redis restart:\n" + "\n".join(w.output()[-3000:] for w in dead)
     assert web.proc.poll() is None
     faults = Counter([*runs, *before])
     report = check({**runs, **more}, model, pool, faults)
