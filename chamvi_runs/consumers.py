@@ -45,7 +45,7 @@ from .core.numbers import ascii_int
 from .errors import ChamviError, InvalidPayload, RunNotFound
 from .models import Run, Thread, WaitPoint
 from .policy import policy
-from .replay import buffered_after, replay_after
+from .replay import missed_after, replay_after
 
 logger = logging.getLogger(__name__)
 
@@ -69,13 +69,6 @@ def _in_thread(fn: Any) -> Any:
     # Off the thread that serves every ``database_sync_to_async`` call of the process (sessions,
     # authorization): a socket repairing its stream must not hold up the others.
     return DatabaseSyncToAsync(fn, thread_sensitive=False)
-
-
-def _missed(run_id: str, after: int) -> list[dict[str, Any]]:
-    """The run's events after ``after`` for a stream that lost some: from the buffer, without the
-    database, unless the buffer no longer holds them all."""
-    events = buffered_after(run_id, after)
-    return replay_after(run_id, after) if events is None else events
 
 
 async def _count(kind: str, count: int) -> None:
@@ -191,7 +184,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         lost by the layer (a gap); without ``before``, those the layer did not deliver in time.
         Returns how many events it sent."""
         last = self.last_seq.get(run_id, 0)
-        events = await _in_thread(_missed)(run_id, last)
+        events = await _in_thread(missed_after)(run_id, last)
         rebuilt = any(e.get("type") == MARKER for e in events)
         if before is not None and not rebuilt:
             # Only the gap: an event after it that the layer also loses is counted at the next gap.

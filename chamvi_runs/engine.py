@@ -41,7 +41,7 @@ from .errors import AgentNotFound, ArtifactNotFound, LeaseLostError
 from .faults import crash_point
 from .lease import LeaseKeeper
 from .lifecycle import announce_settled
-from .models import Checkpoint, Run, Step, WaitPoint
+from .models import Checkpoint, Run, Step
 from .policy import policy
 from .serializers import decision_json
 from .store import Claim, StepRecord
@@ -113,8 +113,9 @@ class Execution(ToolPhase):
             keeper = LeaseKeeper(self.claim, self.abort, deadline)
             keeper.start()
             if self.claim.resumed:
-                decision = self.decision_resumed_after()
-                self.emit("run.resume", status=Status.RUNNING, **({"decision": decision} if decision else {}))
+                decided = queries.resumed_decision(self.claim.run_id)
+                extra = {"decision": decision_json(decided)} if decided is not None else {}
+                self.emit("run.resume", status=Status.RUNNING, **extra)
             else:
                 self.emit("run.start", status=Status.RUNNING)
             signals.run_started.send(
@@ -152,21 +153,6 @@ class Execution(ToolPhase):
             if unsubscribe:
                 unsubscribe()
             self.broadcaster.flush()
-
-    def decision_resumed_after(self) -> dict[str, Any] | None:
-        """The decision (or expiry) this execution resumes after: the run's latest wait point,
-        decided, and nothing saved after its wait step yet. Viewers learn from it who decided."""
-        latest = (
-            WaitPoint.objects.filter(run_id=self.claim.run_id)
-            .select_related("decided_by")
-            .order_by("-created_at", "-pk")
-            .first()
-        )
-        if latest is None or latest.decision in (None, WaitPoint.Decision.CANCELLED):
-            return None
-        if Step.objects.filter(run_id=self.claim.run_id, index__gt=latest.step_index).exists():
-            return None
-        return decision_json(latest)
 
     def emit(self, type_: str, **fields: Any) -> None:
         self.broadcaster.publish(self.claim.run_id, {"type": type_, **fields})

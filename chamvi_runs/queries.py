@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from django.db.models import DateTimeField, ExpressionWrapper, Q, QuerySet, Value
+from django.db.models import DateTimeField, Exists, ExpressionWrapper, OuterRef, Q, QuerySet, Value
 from django.db.models.functions import Now
 
 from .core.states import Status
@@ -25,6 +25,20 @@ def taken_inputs(run: Run, steps: list[Step]) -> dict[str, Any]:
     """Input id -> payload of the steering inputs the model calls of ``steps`` took."""
     ids = [i for s in steps if s.kind == Step.Kind.LLM for i in (s.input or {}).get("inputs") or []]
     return dict(RunInput.objects.filter(run=run, pk__in=ids).values_list("pk", "payload")) if ids else {}
+
+
+def resumed_decision(run_id: str) -> WaitPoint | None:
+    """The wait point whose decision (or expiry) an execution resumes after, for its ``run.resume``:
+    decided, with no step saved after its wait step. A cancel settles the run: nothing resumes."""
+    later = Step.objects.filter(run_id=OuterRef("run_id"), index__gt=OuterRef("step_index"))
+    return (
+        WaitPoint.objects.filter(run_id=run_id, decision__isnull=False)
+        .exclude(decision=WaitPoint.Decision.CANCELLED)
+        .filter(~Exists(later))
+        .select_related("decided_by")
+        .order_by("-created_at", "-pk")
+        .first()
+    )
 
 
 def decided_waitpoints(run: Run) -> QuerySet[WaitPoint]:

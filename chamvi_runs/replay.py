@@ -62,10 +62,11 @@ def replay_after(run_id: str, after: int) -> list[dict[str, Any]]:
     return []
 
 
-def buffered_after(run_id: str, after: int) -> list[dict[str, Any]] | None:
-    """The buffered events after ``after``, or None when some are gone and ``replay_after`` must
-    rebuild the run. Never reads the database: for a stream that repairs what the layer lost."""
-    return event_log().window(run_id, after).events
+def missed_after(run_id: str, after: int) -> list[dict[str, Any]]:
+    """The events after ``after`` for a stream repairing what the layer lost: from the buffer alone
+    (none yet is an answer too), and rebuilt from the stored steps only when some are gone."""
+    events = event_log().window(run_id, after).events
+    return replay_after(run_id, after) if events is None else events
 
 
 def events_from_steps(run: Run) -> list[dict[str, Any]]:

@@ -36,7 +36,7 @@ from .broadcast import publisher, run_group
 from .core.numbers import ascii_int
 from .core.states import TERMINAL
 from .models import Run
-from .replay import buffered_after, replay_after
+from .replay import missed_after, replay_after
 from .views_api import ApiError, _run_for, api_view
 
 logger = logging.getLogger(__name__)
@@ -170,14 +170,6 @@ class _Sent:
         return out
 
 
-async def _repair(run_id: str, after: int) -> list[dict[str, Any]]:
-    events = await sync_to_async(buffered_after, thread_sensitive=False)(run_id, after)
-    if events is None:
-        # Behind the buffer: rebuilt from the stored steps.
-        events = await _briefly(replay_after, run_id, after)
-    return events
-
-
 async def _events(run_id: str, after: int) -> AsyncIterator[str]:
     # The view's connection, opened in this request's thread, would stay open until the response
     # ends: close it now.
@@ -209,11 +201,11 @@ async def _events(run_id: str, after: int) -> AsyncIterator[str]:
                     heard, quiet = now, QUIET_SECONDS
                     seq = event.get("seq")
                     if isinstance(seq, int) and seq > sent.last + 1:
-                        frames = sent.frames(await _repair(run_id, sent.last))
+                        frames = sent.frames(await _briefly(missed_after, run_id, sent.last))
                     frames += sent.frames([event])
                 elif now >= heard + quiet:
                     heard, quiet = now, min(quiet * 2, QUIET_MAX_SECONDS)
-                    frames = sent.frames(await _repair(run_id, sent.last))
+                    frames = sent.frames(await _briefly(missed_after, run_id, sent.last))
                 if settled_at is None and now >= checked + STATUS_SECONDS:
                     checked = now
                     settled_at = now if await _briefly(_settled, run_id) else None
