@@ -16,7 +16,7 @@ from django.test import Client
 from chamvi_runs import approve, cancel_run, deny, send_input, start_run
 from chamvi_runs.models import Run, WaitPoint
 from chamvi_runs.replay import events_from_steps
-from tests.helpers import events, execute
+from tests.helpers import admin_url, events, execute
 from tests.scripted_server import Reply, finish, text, tool_call
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(30)]
@@ -244,7 +244,7 @@ def test_the_home_page_lists_the_users_recent_runs(server):
 def test_the_admin_run_page_is_read_only_and_links_to_the_run_page(server):
     admin = get_user_model().objects.create_superuser("root", "root@example.com", "pw")
     run = start_run("basic", "x", created_by=admin)
-    content = page(admin, f"/admin/chamvi_runs/run/{run.pk}/change/")
+    content = page(admin, admin_url(run))
     assert f'href="/chamvi/runs/{run.pk}/"' in content and "View on site" in content
     assert 'name="_save"' not in content and "deletelink" not in content
 

@@ -16,6 +16,7 @@ from tests.browser.flows import (
     start_via_api,
     wait_status,
 )
+from tests.helpers import admin_url
 from tests.scripted_server import Reply, finish, text
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
@@ -65,7 +66,7 @@ def test_the_admin_run_page_is_read_only_and_links_to_the_site(page, server, use
     page.goto("/admin/chamvi_runs/run/")
     expect(page.locator("#result_list")).to_contain_text(run.pk)
     shoot("admin-run-list")
-    page.goto(f"/admin/chamvi_runs/run/{run.pk}/change/")
+    page.goto(admin_url(run))
     expect(page.locator("#content")).to_contain_text(run.pk)
     expect(page.locator("input[name=_save], input[name=_continue], input[name=_addanother]")).to_have_count(0)
     expect(page.locator("a.deletelink")).to_have_count(0)
