@@ -25,6 +25,8 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check .
+	$(VENV)/bin/lint-imports
+	$(PY) -m mypy chamvi_runs
 	$(PY) manage.py makemigrations --check --dry-run --settings=tests.settings
 	$(PY) -m pytest
 

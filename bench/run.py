@@ -55,8 +55,9 @@ def main() -> None:
     call_command("migrate", verbosity=0)
     from openai import OpenAI
 
-    from chamvi_runs import engine, start_run
+    from chamvi_runs import start_run
     from chamvi_runs.models import Run
+    from chamvi_runs.runtime import engine
     from tests.scripted_server import Reply, ScriptedServer, finish, text, tool_call, usage
 
     scenarios = {

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .agents.tools import effect_tool, tool
 from .core.budget import Budget
-from .tools import effect_tool, tool
 
 if TYPE_CHECKING:
-    from .agent import Agent, RunContext
+    from .agents.agent import Agent, RunContext
     from .api import approve, cancel_run, deny, send_input, start_run
 
 __all__ = [
@@ -25,8 +25,8 @@ __all__ = [
 ]
 
 _LAZY = {
-    "Agent": "agent",
-    "RunContext": "agent",
+    "Agent": "agents.agent",
+    "RunContext": "agents.agent",
     "approve": "api",
     "cancel_run": "api",
     "deny": "api",

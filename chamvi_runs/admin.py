@@ -14,9 +14,10 @@ from django.http import HttpRequest
 from django.views.decorators.debug import sensitive_variables
 
 from . import api
-from .auth import create_token
-from .errors import DecisionRefused
 from .models import ApiToken, Checkpoint, Run, Step, WaitPoint
+from .web.approvals import decide
+from .web.auth import create_token
+from .web.errors import ApiError
 
 
 class ReadOnly:
@@ -33,31 +34,39 @@ class ReadOnly:
         return False
 
 
+STEP_FIELDS = ("index", "kind", "name", "error", "attempt", "started_at", "finished_at")
+WAITPOINT_FIELDS = ("approval_id", "tool_name", "input", "expires_at", "decision", "decided_by", "reason")
+
+
 class StepInline(ReadOnly, admin.TabularInline):
     model = Step
     extra = 0
-    fields = ["index", "kind", "name", "error", "attempt", "started_at", "finished_at"]
-    readonly_fields = fields
+    fields = readonly_fields = STEP_FIELDS
     show_change_link = False
 
 
 class WaitPointInline(ReadOnly, admin.TabularInline):
     model = WaitPoint
     extra = 0
-    fields = ["approval_id", "tool_name", "input", "expires_at", "decision", "decided_by", "reason"]
-    readonly_fields = fields
+    fields = readonly_fields = WAITPOINT_FIELDS
 
 
-def _decide(modeladmin: admin.ModelAdmin, request: HttpRequest, waitpoints: Any, approve: bool) -> None:
+def _may_approve(user: Any, run: Run | None = None) -> bool:
+    """The admin's actions decide with this permission, whatever the site's policy (which the pages,
+    the API and the websocket ask) says."""
+    return bool(user.has_perm("chamvi_runs.approve_waitpoint"))
+
+
+def _decide(
+    modeladmin: admin.ModelAdmin[Any], request: HttpRequest, waitpoints: QuerySet[WaitPoint], approve: bool
+) -> None:
     decided = 0
-    for waitpoint in waitpoints:
+    for approval_id in waitpoints.values_list("approval_id", flat=True):
         try:
-            (api.approve if approve else api.deny)(
-                waitpoint.approval_id, by=request.user, reason="from the admin"
-            )
+            decide(request.user, approval_id, approve, reason="from the admin", may_decide=_may_approve)
             decided += 1
-        except DecisionRefused as exc:
-            modeladmin.message_user(request, str(exc), messages.WARNING)
+        except ApiError as exc:
+            modeladmin.message_user(request, exc.message, messages.WARNING)
     if decided:
         verb = "Approved" if approve else "Denied"
         modeladmin.message_user(request, f"{verb} {decided} approval(s).", messages.SUCCESS)
@@ -102,7 +111,7 @@ class RunAdmin(ReadOnly, admin.ModelAdmin):
         _decide(self, request, WaitPoint.objects.filter(run__in=queryset, decision__isnull=True), False)
 
     def has_approve_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("chamvi_runs.approve_waitpoint")
+        return _may_approve(request.user)
 
 
 @admin.register(WaitPoint)
@@ -116,7 +125,7 @@ class WaitPointAdmin(ReadOnly, admin.ModelAdmin):
         return obj.run.get_absolute_url()
 
     def has_approve_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("chamvi_runs.approve_waitpoint")
+        return _may_approve(request.user)
 
     @admin.action(description="Approve selected", permissions=["approve"])
     def approve(self, request: HttpRequest, queryset: QuerySet[WaitPoint]) -> None:
@@ -138,8 +147,8 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     list_display = ["name", "user", "prefix", "created_at", "last_used_at"]
 
-    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return ["user", "name"] if request.user.is_superuser else ["name"]
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        return ("user", "name") if request.user.is_superuser else ("name",)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[ApiToken]:
         tokens = super().get_queryset(request)

@@ -9,15 +9,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from . import store
-from .agent import registry
+from .agents.agent import registry
 from .conf import conf
 from .core.nul import has_nul
-from .core.states import Status
-from .errors import InvalidPayload, RunNotFound, ThreadForbidden
-from .executors import enqueue
-from .lifecycle import announce_settled
+from .dispatch.doorbell import enqueue
+from .errors import InvalidPayload, ThreadForbidden
 from .models import Artifact, Run, RunInput, WaitPoint
 from .policy import policy
+from .runtime.lifecycle import announce_settled
 
 
 def check_payload(payload: Any, what: str = "payload") -> None:
@@ -27,7 +26,7 @@ def check_payload(payload: Any, what: str = "payload") -> None:
         encoded = json.dumps(payload, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidPayload(f"{what} must be JSON data: {exc}") from None
-    limit = int(conf.MAX_PAYLOAD_BYTES)
+    limit = conf.MAX_PAYLOAD_BYTES
     if len(encoded.encode()) > limit:
         raise InvalidPayload(f"{what} is larger than {limit} bytes", too_large=True)
     if has_nul(payload):
@@ -111,14 +110,11 @@ def start_run(
 def cancel_run(run_id: str, *, by: Any = None) -> str:
     """Cancel from any process. Returns ``cancelled`` when it settled at once, ``running`` when its
     owner will abort it within about a second, or the terminal status it already had. ``by`` (a
-    user) is shown as the one who cancelled a waiting run's approval."""
-    before = Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
-    if before is None:
-        raise RunNotFound(run_id)
-    status = store.cancel(run_id, by=by)
-    if status == Status.CANCELLED and before != Status.CANCELLED:
-        announce_settled(run_id)
-    return status
+    user) is shown as the one who cancelled a waiting run's approval. Raises RunNotFound."""
+    if store.cancel(run_id, by=by):
+        # Only the call whose write settled the run announces it: of two racing cancels, one.
+        return announce_settled(run_id).status
+    return store.run(run_id).status
 
 
 def _decide(approval_id: str, decision: str, by: Any, reason: str, token: str | None) -> WaitPoint:

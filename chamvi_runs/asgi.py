@@ -12,12 +12,14 @@
 It serves Django's HTTP application and the chamvi websocket routes, and in embedded mode
 (``CHAMVI_RUNS["EXECUTOR"] == "thread"``) it starts the in-process executor and janitor. A site with
 a ``ProtocolTypeRouter`` of its own uses ``chamvi_runs.routing.websocket_application()`` and calls
-``chamvi_runs.executors.start_embedded()`` instead.
+``chamvi_runs.asgi.start_embedded()`` instead.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from .runtime.embedded import start_embedded
 
 
 def get_asgi_application() -> Any:
@@ -37,7 +39,6 @@ def get_asgi_application() -> Any:
     from django.apps import apps
     from django.conf import settings
 
-    from .executors import start_embedded
     from .routing import websocket_application
 
     if settings.DEBUG and apps.is_installed("django.contrib.staticfiles"):
@@ -46,3 +47,5 @@ def get_asgi_application() -> Any:
         http = ASGIStaticFilesHandler(http)
     start_embedded()
     return ProtocolTypeRouter({"http": http, "websocket": websocket_application()})
+
+__all__ = ["get_asgi_application", "start_embedded"]

@@ -230,7 +230,7 @@ def check_executor_runs_somewhere(app_configs: Any = None, **kwargs: Any) -> lis
             "CHAMVI_RUNS['EXECUTOR'] is 'thread' but settings.ASGI_APPLICATION does not start the "
             "embedded executor: runs would stay 'queued'",
             hint="In asgi.py: from chamvi_runs.asgi import get_asgi_application; "
-            "application = get_asgi_application() (or call chamvi_runs.executors.start_embedded()).",
+            "application = get_asgi_application() (or call chamvi_runs.asgi.start_embedded()).",
             id="chamvi_runs.W004",
         )
     ]
@@ -243,14 +243,14 @@ def _executor() -> Any:
 
 def _asgi_starts_embedded() -> bool:
     """Import the ASGI application (without starting threads) and see whether it asked to start."""
-    from . import executors
+    from .runtime import embedded
 
     path = getattr(settings, "ASGI_APPLICATION", None)
     if not path:
         return False
     module = path.rpartition(".")[0]
     fresh = module not in sys.modules
-    with executors.inspecting():
+    with embedded.inspecting():
         try:
             import_string(path)
         except Exception:  # an application that cannot be imported: the server reports that itself
@@ -259,7 +259,7 @@ def _asgi_starts_embedded() -> bool:
             if fresh:
                 # The server imports it again and starts the executor then (runserver checks first).
                 sys.modules.pop(module, None)
-    return executors.embedded_requested()
+    return embedded.embedded_requested()
 
 
 @register(Tags.urls)

@@ -1,4 +1,8 @@
-"""``settings.CHAMVI_RUNS``, read lazily on every access so tests can override it."""
+"""``settings.CHAMVI_RUNS``, read lazily on every access so tests can override it.
+
+One typed property per setting (like django-cors-headers' ``conf``): call sites get the type they
+need. Values are validated by the system checks (``checks.py``), not here: a property converts,
+it does not judge."""
 
 from __future__ import annotations
 
@@ -28,19 +32,73 @@ OPENAI_KEYS = frozenset({"api_key", "base_url", "timeout", "max_retries"})
 
 
 class Conf:
-    def _user(self) -> dict[str, Any]:
+    def _get(self, name: str) -> Any:
         value = getattr(settings, "CHAMVI_RUNS", {})
-        return value if isinstance(value, dict) else {}
-
-    def __getattr__(self, name: str) -> Any:
-        if name not in DEFAULTS:
-            raise AttributeError(name)
-        return self._user().get(name, DEFAULTS[name])
+        user = value if isinstance(value, dict) else {}
+        return user.get(name, DEFAULTS[name])
 
     @property
-    def approval_ttl(self) -> timedelta:
-        value = self.APPROVAL_TTL
+    def QUEUE(self) -> str:
+        """The RQ queue (in ``RQ_QUEUES``) that runs are enqueued on."""
+        return str(self._get("QUEUE"))
+
+    @property
+    def EXECUTOR(self) -> str:
+        """``"rq"`` (workers) or ``"thread"`` (embedded: this process executes)."""
+        return str(self._get("EXECUTOR"))
+
+    @property
+    def LEASE_SECONDS(self) -> float:
+        return float(self._get("LEASE_SECONDS"))
+
+    @property
+    def HEARTBEAT_SECONDS(self) -> float:
+        return float(self._get("HEARTBEAT_SECONDS"))
+
+    @property
+    def CANCEL_POLL_SECONDS(self) -> float:
+        return float(self._get("CANCEL_POLL_SECONDS"))
+
+    @property
+    def APPROVAL_TTL(self) -> timedelta:
+        """A timedelta, or seconds."""
+        value = self._get("APPROVAL_TTL")
         return value if isinstance(value, timedelta) else timedelta(seconds=value)
+
+    @property
+    def OPENAI(self) -> dict[str, Any]:
+        """Keyword arguments of ``openai.OpenAI`` (``OPENAI_KEYS``)."""
+        return dict(self._get("OPENAI"))
+
+    @property
+    def POLICY(self) -> str:
+        """Dotted path of the policy class."""
+        return str(self._get("POLICY"))
+
+    @property
+    def STREAM_BUFFER_SECONDS(self) -> float:
+        return float(self._get("STREAM_BUFFER_SECONDS"))
+
+    @property
+    def MAX_PAYLOAD_BYTES(self) -> int:
+        return int(self._get("MAX_PAYLOAD_BYTES"))
+
+    @property
+    def MODEL_BACKOFF_SECONDS(self) -> float:
+        return float(self._get("MODEL_BACKOFF_SECONDS"))
+
+    @property
+    def MAX_INVALID_TOOL_CALLS(self) -> int:
+        return int(self._get("MAX_INVALID_TOOL_CALLS"))
+
+    @property
+    def MAX_ATTEMPTS(self) -> int:
+        return int(self._get("MAX_ATTEMPTS"))
+
+    @property
+    def MODEL(self) -> str:
+        """Dotted path of the model class (``chamvi_runs.core.ports.Model``)."""
+        return str(self._get("MODEL"))
 
 
 conf = Conf()

@@ -181,7 +181,7 @@ def _describe(exc: BaseException) -> str:
 
 
 def _backoff(attempt: int, exc: BaseException) -> float:
-    base = float(conf.MODEL_BACKOFF_SECONDS)
+    base = conf.MODEL_BACKOFF_SECONDS
     response = getattr(exc, "response", None)
     header = response.headers.get("retry-after") if response is not None else None
     if header:
@@ -189,4 +189,4 @@ def _backoff(attempt: int, exc: BaseException) -> float:
             return min(float(header), 60.0)
         except ValueError:
             pass
-    return base * (2**attempt) * (0.5 + random.random() / 2)
+    return base * (2.0**attempt) * (0.5 + random.random() / 2)

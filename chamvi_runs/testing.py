@@ -11,7 +11,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .core.types import Aborted, AbortSignal, Message, ModelRequest, ModelTurn, OnDelta, ToolCall, Usage
+from .core.types import (
+    Aborted,
+    AbortSignal,
+    DeltaKind,
+    Message,
+    ModelRequest,
+    ModelTurn,
+    OnDelta,
+    ToolCall,
+    Usage,
+)
 
 
 @dataclass
@@ -31,12 +41,13 @@ class ScriptedModel:
 
     def stream(self, request: ModelRequest, on_delta: OnDelta, abort: AbortSignal) -> ModelTurn:
         scripted = self.script(request.messages)
-        for kind, text in (("reasoning", scripted.reasoning), ("text", scripted.text)):
+        parts: list[tuple[DeltaKind, str]] = [("reasoning", scripted.reasoning), ("text", scripted.text)]
+        for kind, text in parts:
             words = text.split(" ")
             for n, word in enumerate(words):
                 if abort.wait(self.chunk_delay) if self.chunk_delay else abort.is_set():
                     raise Aborted(abort.reason)
-                on_delta(kind, word if n == len(words) - 1 else word + " ")  # type: ignore[arg-type]
+                on_delta(kind, word if n == len(words) - 1 else word + " ")
         calls = [
             ToolCall(id=f"call_{secrets.token_hex(6)}", name=name, arguments=json.dumps(args))
             for name, args in scripted.tool_calls

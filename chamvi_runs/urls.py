@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import views_api, views_pages, views_stream
+from .web import views_api, views_pages, views_stream
 
 app_name = "chamvi_runs"
 

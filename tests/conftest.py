@@ -1,35 +1,66 @@
-"""Fixtures: the scripted model server, the real PostgreSQL and Redis, worker processes."""
+"""Fixtures: the scripted model server, the real PostgreSQL and Redis, users and their clients.
+
+Only tests that use the database or Redis need those servers, so tests of pure code
+(tests/test_core.py, ...) run without them. A test that needs a server that does not answer fails
+with the server's URL, in CI as anywhere: never a skip, which CI would pass over in silence.
+"""
 
 from __future__ import annotations
 
+import functools
+import itertools
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
+from urllib.parse import urlsplit
 
+import django_rq
 import pytest
+from django.test import Client
+from rq.serializers import JSONSerializer
 
+from tests.helpers import Api, logged_in, make_superuser, make_user, session_api
 from tests.scripted_server import ScriptedServer
 
+DEFAULT_PORTS = {"DATABASE_URL": 5432, "REDIS_URL": 6379}
 
-def _reachable(host: str, port: int) -> bool:
+
+@functools.cache
+def _unreachable(name: str) -> str | None:
+    """Why the server at the URL in the environment variable ``name`` cannot be used, if it cannot."""
+    url = urlsplit(os.environ[name])
+    if not url.hostname:  # a unix socket: the client reports what is wrong with it
+        return None
     try:
-        with socket.create_connection((host, port), timeout=2):
-            return True
+        with socket.create_connection((url.hostname, url.port or DEFAULT_PORTS[name]), timeout=2):
+            return None
     except OSError:
-        return False
+        return f"{name}={os.environ[name]} is not reachable: start PostgreSQL and Redis (README, 'Tests')."
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    from urllib.parse import urlsplit
+def require(name: str) -> None:
+    """Fail the test now, with the URL it needs, when ``name`` (DATABASE_URL, REDIS_URL) does not answer."""
+    message = _unreachable(name)
+    if message:
+        pytest.fail(message, pytrace=False)
 
-    import tests.settings  # noqa: F401  (sets the DATABASE_URL and REDIS_URL defaults)
 
-    for name, port in (("DATABASE_URL", 5432), ("REDIS_URL", 6379)):
-        url = urlsplit(os.environ[name])
-        if url.hostname and not _reachable(url.hostname, url.port or port):
-            raise pytest.UsageError(
-                f"{name}={os.environ[name]} is not reachable: start PostgreSQL and Redis (README, 'Tests')."
-            )
+@pytest.fixture(scope="session")
+def _postgres() -> None:
+    require("DATABASE_URL")
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(_postgres: None, django_db_setup: None) -> None:
+    """pytest-django's test database, set up once PostgreSQL is known to answer (else every test
+    that uses the database fails with the URL, not with a connection traceback)."""
+
+
+def _uses_db(request: pytest.FixtureRequest) -> bool:
+    return bool(request.node.get_closest_marker("django_db")) or bool(
+        {"db", "transactional_db"} & set(request.fixturenames)
+    )
 
 
 @pytest.fixture(scope="session")
@@ -40,7 +71,13 @@ def model_server() -> Iterator[ScriptedServer]:
 
 
 @pytest.fixture(autouse=True)
-def _point_at_model_server(model_server: ScriptedServer, settings) -> None:
+def _point_at_model_server(request: pytest.FixtureRequest) -> None:
+    """Agents call the scripted server in tests that may run them: those that use the database or the
+    server. Other tests neither start it nor pay for the settings fixture."""
+    if not (_uses_db(request) or "model_server" in request.fixturenames):
+        return
+    model_server: ScriptedServer = request.getfixturevalue("model_server")
+    settings = request.getfixturevalue("settings")
     settings.CHAMVI_RUNS = {
         **settings.CHAMVI_RUNS,
         "MODEL": "chamvi_runs.llm_openai.OpenAIModel",
@@ -50,15 +87,12 @@ def _point_at_model_server(model_server: ScriptedServer, settings) -> None:
 
 @pytest.fixture
 def redis():
-    import django_rq
-
-    connection = django_rq.get_connection("chamvi")
-    yield connection
+    require("REDIS_URL")
+    return django_rq.get_connection("chamvi")
 
 
 def _wipe_redis() -> None:
-    import django_rq
-
+    require("REDIS_URL")
     connection = django_rq.get_connection("chamvi")
     for pattern in ("chamvi:*", "rq:*"):
         for key in connection.scan_iter(pattern):
@@ -68,9 +102,7 @@ def _wipe_redis() -> None:
 @pytest.fixture(autouse=True)
 def _clean_redis(request: pytest.FixtureRequest) -> Iterator[None]:
     """Tests that use the database start and end with no job, event or worker of ours in Redis."""
-    uses_db = request.node.get_closest_marker("django_db") or {"db", "transactional_db"} & set(
-        request.fixturenames
-    )
+    uses_db = _uses_db(request)
     if uses_db:
         _wipe_redis()
     yield
@@ -86,3 +118,39 @@ def server(model_server: ScriptedServer) -> Iterator[ScriptedServer]:
     leftovers = model_server.leftovers()
     model_server.clear()
     assert not leftovers, f"scripted replies were not consumed: {leftovers}"
+
+
+@pytest.fixture
+def queue():
+    """The RQ queue runs are enqueued to, emptied first."""
+    q = django_rq.get_queue("chamvi", serializer=JSONSerializer)
+    q.empty()
+    return q
+
+
+# --- users and their clients (tests.helpers makes named ones) -----------------------------------
+
+
+@pytest.fixture
+def new_user() -> Callable[..., Any]:
+    """``new_user(*perms, **fields)``: a user of its own (user0, user1, ...) per call."""
+    counter = itertools.count()
+    return lambda *perms, **fields: make_user(f"user{next(counter)}", *perms, **fields)
+
+
+@pytest.fixture
+def admin_user() -> Any:
+    """pytest-django's superuser, as ``root``."""
+    return make_superuser()
+
+
+@pytest.fixture
+def admin(admin_user: Any) -> Api:
+    """The JSON API as ``admin_user``, logged in by session."""
+    return session_api(admin_user)
+
+
+@pytest.fixture
+def root_client(admin_user: Any) -> Client:
+    """A Django test client logged in as ``admin_user`` (``root_client.user``)."""
+    return logged_in(admin_user)

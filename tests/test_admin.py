@@ -5,14 +5,13 @@ from __future__ import annotations
 import secrets
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.test import Client
 
 from chamvi_runs import start_run
 from chamvi_runs.models import ApiToken, Checkpoint, EffectRecord, Run, RunInput, Step, Thread, WaitPoint
 from chamvi_runs.store import hash_token
-from tests.helpers import admin_url, execute
+from tests.helpers import admin_url, bearer, execute, logged_in, make_superuser, make_user
 from tests.scripted_server import Reply, finish, text, tool_call
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(30)]
@@ -23,11 +22,7 @@ RUN_STATE = [Run, Step, Checkpoint, WaitPoint, RunInput, EffectRecord, Thread]
 
 
 def _staff(*perms: str, username: str = "staff") -> Client:
-    user = get_user_model().objects.create_user(username, password="pw", is_staff=True)
-    user.user_permissions.add(*Permission.objects.filter(content_type__app_label=APP, codename__in=perms))
-    client = Client()
-    client.force_login(user)
-    return client
+    return logged_in(make_user(username, *perms, is_staff=True))
 
 
 def _snapshot() -> dict[str, list[dict]]:
@@ -75,9 +70,7 @@ def test_the_cancel_action_needs_the_cancel_permission():
 @pytest.fixture(params=["staff with every chamvi_runs permission", "superuser"])
 def mighty(request) -> Client:
     if request.param == "superuser":
-        client = Client()
-        client.force_login(get_user_model().objects.create_superuser("root", "root@example.com", "pw"))
-        return client
+        return logged_in(make_superuser())
     return _staff(*Permission.objects.filter(content_type__app_label=APP).values_list("codename", flat=True))
 
 
@@ -132,11 +125,8 @@ def test_approve_actions_need_the_approve_permission(server):
     viewer.post("/admin/chamvi_runs/run/", {"action": "approve_open", "_selected_action": [run.pk]})
     assert WaitPoint.objects.get(run=run).decision is None
 
-    approver = Client()
-    user = get_user_model().objects.create_user("approver", password="pw", is_staff=True)
-    for codename in ("view_waitpoint", "approve_waitpoint"):
-        user.user_permissions.add(Permission.objects.get(codename=codename))
-    approver.force_login(user)
+    user = make_user("approver", "view_waitpoint", "approve_waitpoint", is_staff=True)
+    approver = logged_in(user)
     waitpoint = WaitPoint.objects.get(run=run)
     approver.post("/admin/chamvi_runs/waitpoint/", {"action": "approve", "_selected_action": [waitpoint.pk]})
     waitpoint.refresh_from_db()
@@ -147,20 +137,19 @@ def test_approve_actions_need_the_approve_permission(server):
 
 
 def test_an_api_token_created_in_the_admin_is_shown_once_and_stored_hashed():
-    admin = get_user_model().objects.create_superuser("root", "root@example.com", "pw")
-    client = Client()
-    client.force_login(admin)
+    admin = make_superuser()
+    client = logged_in(admin)
     response = client.post("/admin/chamvi_runs/apitoken/add/", {"user": admin.pk, "name": "ci"}, follow=True)
     message = next(str(m) for m in response.context["messages"])
     raw = message.rsplit(" ", 1)[-1]
     token = ApiToken.objects.get(name="ci")
     assert raw.startswith("chv_") and token.token_hash == hash_token(raw)
     assert raw not in str(list(ApiToken.objects.values()))
-    assert Client().get("/chamvi/api/runs/nope/", HTTP_AUTHORIZATION=f"Bearer {raw}").status_code == 404
+    assert Client().get("/chamvi/api/runs/nope/", headers=bearer(raw)).status_code == 404
 
 
-def test_staff_mint_api_tokens_for_themselves_only(django_user_model):
-    root = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
+def test_staff_mint_api_tokens_for_themselves_only():
+    root = make_superuser()
     minter = _staff("add_apitoken", "view_apitoken", username="minter")
     form = minter.get("/admin/chamvi_runs/apitoken/add/").content.decode()
     assert 'name="user"' not in form, "no choice of whom the token acts as"
@@ -171,8 +160,7 @@ def test_staff_mint_api_tokens_for_themselves_only(django_user_model):
     assert not ApiToken.objects.filter(user=root).exists()
 
     # A superuser may mint for anyone; the staff user does not even see that token.
-    superuser = Client()
-    superuser.force_login(root)
+    superuser = logged_in(root)
     superuser.post("/admin/chamvi_runs/apitoken/add/", {"user": root.pk, "name": "root's"})
     assert ApiToken.objects.get(name="root's").user == root
     listing = minter.get("/admin/chamvi_runs/apitoken/").content.decode()

@@ -9,11 +9,11 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from chamvi_runs import approve, deny, start_run
-from chamvi_runs.agent import registry
+from chamvi_runs.agents.agent import registry
 from chamvi_runs.core.messages import open_tool_calls
 from chamvi_runs.errors import DecisionRefused
-from chamvi_runs.janitor import tick_once
 from chamvi_runs.models import Checkpoint, EffectRecord, Step, WaitPoint
+from chamvi_runs.runtime.janitor import tick_once
 from tests.helpers import events, execute
 from tests.scripted_server import Reply, finish, text, tool_call, usage
 from tests.testapp.models import Refund
@@ -199,8 +199,8 @@ def test_effect_tool_result_is_recorded_and_a_repeat_returns_the_record(server):
     assert record.output == {"refunded": 500, "key": refund.idempotency_key}
     assert refund.idempotency_key == record.key and record.key.startswith(f"{run.pk}:0:0:")
     # A repeated step (as after a crash before its steps were saved) gets the record, not a new refund.
-    from chamvi_runs.agent import RunContext
-    from chamvi_runs.effects import run_effect
+    from chamvi_runs.agents.agent import RunContext
+    from chamvi_runs.runtime.effects import run_effect
     from chamvi_runs.store import claim
 
     type(run).objects.filter(pk=run.pk).update(status="running")

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from chamvi_runs import buffer
-from chamvi_runs.buffer import MemoryEventLog, Rebuild, RedisEventLog
+from chamvi_runs.streaming import buffer
+from chamvi_runs.streaming.buffer import MemoryEventLog, Rebuild, RedisEventLog
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -31,9 +31,7 @@ def log(request: pytest.FixtureRequest) -> Iterator[Any]:
     if request.param == "memory":
         yield MemoryEventLog(clock=Clock())
         return
-    import django_rq
-
-    connection = django_rq.get_connection("chamvi")
+    connection = request.getfixturevalue("redis")
     keys = RedisEventLog._keys(RUN)
     connection.delete(*keys)
     yield RedisEventLog(connection)

@@ -270,10 +270,10 @@ def test_e018_no_default_channel_layer(settings, layers):
 @pytest.fixture
 def embedded_not_requested(monkeypatch):
     """The process-wide record of start_embedded() calls, as in a process that never made one."""
-    from chamvi_runs import executors
+    from chamvi_runs.runtime import embedded
 
-    monkeypatch.setattr(executors._embedded, "requested", False)
-    monkeypatch.setattr(executors._embedded, "started", False)
+    monkeypatch.setattr(embedded._embedded, "requested", False)
+    monkeypatch.setattr(embedded._embedded, "started", False)
 
 
 def test_w004_thread_executor_that_nothing_starts(settings, embedded_not_requested):
@@ -291,7 +291,7 @@ def test_w004_quiet_for_an_application_that_starts_it_and_the_check_starts_no_th
 ):
     import threading
 
-    from chamvi_runs import executors
+    from chamvi_runs.runtime import embedded
 
     _override(settings, EXECUTOR="thread")
     before = {t.name for t in threading.enumerate()}
@@ -299,7 +299,7 @@ def test_w004_quiet_for_an_application_that_starts_it_and_the_check_starts_no_th
         settings.ASGI_APPLICATION = path
         assert check_executor_runs_somewhere() == [], path
     # manage.py migrate runs the checks: importing the application there must execute nothing.
-    assert not executors._embedded.started
+    assert not embedded._embedded.started
     assert {t.name for t in threading.enumerate()} - before == set()
 
 

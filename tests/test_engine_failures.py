@@ -6,9 +6,9 @@ import pytest
 from django.core.files.base import ContentFile
 
 from chamvi_runs import start_run
-from chamvi_runs.artifacts import save_artifact
 from chamvi_runs.core.messages import open_tool_calls
 from chamvi_runs.models import Artifact, Checkpoint, Step
+from chamvi_runs.runtime.artifacts import save_artifact
 from tests.helpers import events, execute
 from tests.scripted_server import Reply, cut, delay, error_event, finish, http_error, text, tool_call, usage
 

@@ -10,20 +10,19 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.db import connection
-from django.db.models import F
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from chamvi_runs import api, approve, cancel_run, send_input, start_run, store
-from chamvi_runs.agent import registry
+from chamvi_runs.agents.agent import registry
 from chamvi_runs.core.messages import open_tool_calls
 from chamvi_runs.errors import InvalidPayload, ThreadForbidden
-from chamvi_runs.janitor import tick_once
 from chamvi_runs.models import Checkpoint, EffectRecord, Run, Step, Thread, WaitPoint
-from chamvi_runs.notifications import notify
-from tests.helpers import execute
+from chamvi_runs.runtime.janitor import tick_once
+from chamvi_runs.runtime.notifications import notify
+from tests.helpers import execute, expire_lease, make_user
 from tests.processes import WorkerProcess, wait_for, worker_env
 from tests.scripted_server import Reply, finish, text, tool_call, usage
 from tests.testapp.models import Refund
@@ -34,13 +33,6 @@ REFUND = '{"order_id": "o-1", "amount_cents": 500}'
 BIG_REFUND = '{"order_id": "o-2", "amount_cents": 99999}'
 
 
-def _user(name: str, *perms: str) -> User:
-    user = User.objects.create_user(name)
-    for codename in perms:
-        user.user_permissions.add(Permission.objects.get(codename=codename))
-    return User.objects.get(pk=user.pk)  # fresh: permissions are cached per instance
-
-
 def _all_text(request: dict) -> str:
     return repr(request["messages"])
 
@@ -49,7 +41,7 @@ def _all_text(request: dict) -> str:
 
 
 def test_another_user_cannot_join_a_thread_and_gets_none_of_its_history(server):
-    alice, bob = _user("alice"), _user("bob")
+    alice, bob = make_user("alice"), make_user("bob")
     server.script("m-basic", [Reply(text("alice's secret order o-77"), finish("stop"))])
     first = execute(start_run("basic", "my order?", thread="t-42", created_by=alice))
     assert first.status == "completed"
@@ -69,7 +61,7 @@ def test_another_user_cannot_join_a_thread_and_gets_none_of_its_history(server):
 
 
 def test_a_user_allowed_to_view_every_run_may_join_a_thread(server):
-    alice, support = _user("alice"), _user("support", "view_run")
+    alice, support = make_user("alice"), make_user("support", "view_run")
     server.script("m-basic", [Reply(text("alice's history"), finish("stop"))])
     execute(start_run("basic", "x", thread="t-7", created_by=alice))
     server.script("m-basic", [Reply(text("support here"), finish("stop"))])
@@ -81,7 +73,7 @@ def test_a_user_allowed_to_view_every_run_may_join_a_thread(server):
 def test_a_run_never_receives_history_its_creator_may_not_view(server):
     """Runs written before threads had owners (or by a site that bypassed start_run): the first
     owner named in the table gets only what they may see."""
-    alice, bob = _user("alice"), _user("bob")
+    alice, bob = make_user("alice"), make_user("bob")
     server.script("m-basic", [Reply(text("alice's secret"), finish("stop"))])
     execute(start_run("basic", "x", thread="legacy", created_by=alice))
     Thread.objects.filter(name="legacy").update(owner=bob)  # as if bob's run came first
@@ -94,7 +86,7 @@ def test_a_run_never_receives_history_its_creator_may_not_view(server):
 
 
 def test_two_first_runs_racing_for_a_thread_give_it_exactly_one_owner():
-    alice, bob = _user("alice"), _user("bob")
+    alice, bob = make_user("alice"), make_user("bob")
     outcomes: list[str] = []
 
     def start(user: User) -> None:
@@ -154,7 +146,7 @@ def test_a_cancel_requested_while_the_model_answers_wins_over_the_wait_it_would_
 
 def test_a_cancel_requested_before_a_drain_wins_over_interrupted(server):
     from chamvi_runs.core.types import AbortSignal
-    from chamvi_runs.engine import Execution
+    from chamvi_runs.runtime.engine import Execution
 
     run = start_run("basic", "x")
     held = store.claim(run.pk, "draining-worker", 30)
@@ -214,11 +206,27 @@ def test_an_approval_is_bound_to_the_exact_arguments_it_was_asked_for(server):
     assert step.error == "not run: the approval was given for other arguments"
 
 
+def test_an_approved_call_with_a_nul_in_its_arguments_runs(server):
+    # The approver saw the arguments as stored (the NUL replaced); the approval covers that call.
+    nul_refund = '{"order_id": "o\\u0000x", "amount_cents": 5}'
+    server.script("m-approving", [Reply(tool_call("c1", "refund", nul_refund), finish("tool_calls"))])
+    run = execute(start_run("approving", "x"))
+    waitpoint = WaitPoint.objects.get(run=run)
+    assert waitpoint.input == {"order_id": "o\ufffdx", "amount_cents": 5}
+    approve(waitpoint.approval_id)
+    server.script("m-approving", [Reply(text("ok"), finish("stop"))])
+    run = execute(run)
+    assert run.status == "completed"
+    step = Step.objects.get(run=run, kind="tool")
+    assert not step.error.startswith("not run"), step.error
+    assert EffectRecord.objects.filter(run=run).count() == 1
+
+
 # --- every terminal settle leaves a history a thread can continue -------------------------------
 
 
 def test_a_run_whose_agent_is_gone_fails_with_its_history_closed(server):
-    alice = _user("alice")
+    alice = make_user("alice")
     server.script("m-approving", [Reply(tool_call("c1", "refund", REFUND), finish("tool_calls"))])
     run = execute(start_run("approving", "x", thread="t-gone", created_by=alice))
     approve(WaitPoint.objects.get(run=run).approval_id)
@@ -238,13 +246,13 @@ def test_a_run_whose_agent_is_gone_fails_with_its_history_closed(server):
 
 
 def test_an_internal_error_tells_viewers_no_internals_and_closes_the_history(server, monkeypatch):
-    from chamvi_runs import tool_phase
+    from chamvi_runs.core import decisions
 
     def broken(*args, **kwargs):
         raise RuntimeError("password=hunter2 at db-7.internal")
 
     server.script("m-basic", [Reply(tool_call("c1", "add", '{"a": 1, "b": 2}'), finish("tool_calls"))])
-    monkeypatch.setattr(tool_phase.ToolPhase, "after_tools", broken)
+    monkeypatch.setattr(decisions, "invalid_streak", broken)
     run = execute(start_run("basic", "x"))
     assert (run.status, run.error_code) == ("failed", "internal_error")
     assert "hunter2" not in run.error_message and "RuntimeError" in run.error_message
@@ -275,7 +283,7 @@ def _kill_loop(server, spawn, run: Run, deaths: int) -> None:
         worker = spawn()
         assert worker.wait(40) != 0, worker.output()
         assert Run.objects.get(pk=run.pk).model_calls == n + 1, "the call the worker died after counts"
-        Run.objects.filter(pk=run.pk).update(claim_expires_at=F("claim_expires_at") - timedelta(minutes=5))
+        expire_lease(run.pk)
         assert tick_once().enqueued == 1
 
 
@@ -324,7 +332,7 @@ def test_a_repeated_call_with_other_arguments_is_told_what_actually_ran(server):
     key = f"{run.pk}:0:0:refund"
     # The first execution refunded 500 and died before its step was saved.
     store.record_effect(dead, key, "refund", {"order_id": "o-1", "amount_cents": 500}, {"refunded": 500}, "")
-    Run.objects.filter(pk=run.pk).update(claim_expires_at=Now() - timedelta(seconds=1))
+    expire_lease(run.pk)
     server.script(
         "m-basic",
         [

@@ -9,18 +9,15 @@ from typing import Any
 
 import django_rq
 import pytest
-from django.conf import settings as django_settings
-from django.contrib.auth.models import Permission
 from django.test import Client
 from django.utils import timezone
 from django.utils.crypto import get_random_string
-from rq.serializers import JSONSerializer
 
 from chamvi_runs import start_run, store
-from chamvi_runs.auth import create_token
 from chamvi_runs.models import ApiToken, Run, RunInput, WaitPoint
 from chamvi_runs.policy import DefaultPolicy
-from tests.helpers import execute
+from chamvi_runs.web.auth import create_token
+from tests.helpers import Api, anonymous_api, bearer_api, execute, session_api
 from tests.scripted_server import Reply, error_event, finish, text, tool_call, usage
 from tests.testapp.models import Refund
 
@@ -30,79 +27,12 @@ RUNS = "/chamvi/api/runs/"
 REFUND_CALL = '{"order_id": "o1", "amount_cents": 5}'
 
 
-# --- clients and fixtures ----------------------------------------------------------------------
-
-
-class Api:
-    """A test client speaking JSON; a session client sends the CSRF cookie and header unless told not to."""
-
-    def __init__(self, client: Client, headers: dict[str, str] | None = None) -> None:
-        self.client = client
-        self.headers = headers or {}
-
-    def get(self, url: str, **kwargs: Any):
-        return self.client.get(url, headers=self.headers, **kwargs)
-
-    def post(self, url: str, data: Any = None, *, raw: str | bytes | None = None, csrf: bool = True):
-        body = raw if raw is not None else ("" if data is None else json.dumps(data))
-        headers = self.headers if csrf else {k: v for k, v in self.headers.items() if k != "X-CSRFToken"}
-        return self.client.post(url, body, content_type="application/json", headers=headers)
-
-
-def session_api(user: Any) -> Api:
-    """A logged-in browser: session cookie, csrftoken cookie, X-CSRFToken header (CSRF enforced)."""
-    client = Client(enforce_csrf_checks=True)
-    client.force_login(user)
-    secret = get_random_string(32)
-    client.cookies[django_settings.CSRF_COOKIE_NAME] = secret
-    return Api(client, {"X-CSRFToken": secret})
-
-
-def bearer_api(raw: str) -> Api:
-    return Api(Client(enforce_csrf_checks=True), {"Authorization": f"Bearer {raw}"})
-
-
-def anonymous_api() -> Api:
-    return Api(Client(enforce_csrf_checks=True))
-
-
-@pytest.fixture
-def queue():
-    """The RQ queue runs are enqueued to, emptied first."""
-    q = django_rq.get_queue("chamvi", serializer=JSONSerializer)
-    q.empty()
-    return q
+# --- helpers (new_user, admin_user, admin and queue are fixtures of tests/conftest.py) ------------
 
 
 def queued_runs(queue) -> list[str]:
     """The run id of every job in the queue, in order."""
     return [job.args[0] for job in queue.get_jobs()]
-
-
-@pytest.fixture
-def make_user(django_user_model):
-    counter = iter(range(1000))
-
-    def make(*perms: str, **fields: Any):
-        user = django_user_model.objects.create_user(username=f"user{next(counter)}", password="pw", **fields)
-        for perm in perms:
-            app_label, codename = perm.split(".")
-            user.user_permissions.add(
-                Permission.objects.get(content_type__app_label=app_label, codename=codename)
-            )
-        return django_user_model.objects.get(pk=user.pk)  # fresh: no stale permission cache
-
-    return make
-
-
-@pytest.fixture
-def admin_user(django_user_model):
-    return django_user_model.objects.create_superuser("root", "root@example.com", "pw")
-
-
-@pytest.fixture
-def admin(admin_user) -> Api:
-    return session_api(admin_user)
 
 
 def error_of(response) -> dict[str, str]:
@@ -161,8 +91,8 @@ def test_session_post_without_csrf_token_is_refused_and_creates_nothing(admin, q
     assert queue.count == 0
 
 
-def test_bearer_token_starts_a_run_without_csrf_and_is_stored_hashed(make_user, queue):
-    user = make_user("chamvi_runs.add_run")
+def test_bearer_token_starts_a_run_without_csrf_and_is_stored_hashed(new_user, queue):
+    user = new_user("chamvi_runs.add_run")
     row, raw = create_token(user, "ci")
     stored = ApiToken.objects.get(pk=row.pk)
     assert raw not in (stored.token_hash, stored.prefix)
@@ -183,8 +113,8 @@ def test_bearer_token_starts_a_run_without_csrf_and_is_stored_hashed(make_user, 
     "header",
     ["Bearer chv_not-a-real-token", "Bearer ", "Bearer"],
 )
-def test_a_wrong_bearer_token_is_401(make_user, queue, header):
-    user = make_user("chamvi_runs.add_run")
+def test_a_wrong_bearer_token_is_401(new_user, queue, header):
+    user = new_user("chamvi_runs.add_run")
     create_token(user, "ci")
     response = Api(Client(), {"Authorization": header}).post(RUNS, {"agent": "basic", "payload": 1})
     assert response.status_code == 401
@@ -192,8 +122,8 @@ def test_a_wrong_bearer_token_is_401(make_user, queue, header):
     assert not Run.objects.exists() and queue.count == 0
 
 
-def test_the_token_of_an_inactive_user_is_401(make_user):
-    user = make_user("chamvi_runs.add_run", is_active=False)
+def test_the_token_of_an_inactive_user_is_401(new_user):
+    user = new_user("chamvi_runs.add_run", is_active=False)
     _, raw = create_token(user, "ci")
     response = bearer_api(raw).post(RUNS, {"agent": "basic", "payload": 1})
     assert response.status_code == 401
@@ -275,8 +205,8 @@ def test_anonymous_start_is_401(queue):
     assert not Run.objects.exists() and queue.count == 0
 
 
-def test_a_user_without_add_run_permission_is_403(make_user, queue):
-    user = make_user("chamvi_runs.view_run")
+def test_a_user_without_add_run_permission_is_403(new_user, queue):
+    user = new_user("chamvi_runs.view_run")
     for api in (session_api(user), bearer_api(create_token(user, "ci")[1])):
         response = api.post(RUNS, {"agent": "basic", "payload": 1})
         assert response.status_code == 403
@@ -284,8 +214,8 @@ def test_a_user_without_add_run_permission_is_403(make_user, queue):
     assert not Run.objects.exists() and queue.count == 0
 
 
-def test_a_user_with_add_run_permission_may_start(make_user, queue):
-    response = session_api(make_user("chamvi_runs.add_run")).post(RUNS, {"agent": "basic", "payload": 1})
+def test_a_user_with_add_run_permission_may_start(new_user, queue):
+    response = session_api(new_user("chamvi_runs.add_run")).post(RUNS, {"agent": "basic", "payload": 1})
     assert response.status_code == 201
     assert queued_runs(queue) == [response.json()["id"]]
 
@@ -324,11 +254,11 @@ class TeamPolicy(DefaultPolicy):
         return "team"
 
 
-def test_a_trigger_id_in_a_shared_scope_does_not_reveal_another_users_run(admin, make_user, queue, settings):
+def test_a_trigger_id_in_a_shared_scope_does_not_reveal_another_users_run(admin, new_user, queue, settings):
     settings.CHAMVI_RUNS = {**settings.CHAMVI_RUNS, "POLICY": "tests.test_http_api.TeamPolicy"}
     first = admin.post(RUNS, {"agent": "basic", "payload": {"secret": "s3"}, "id": "evt-1"})
     assert first.status_code == 201
-    response = session_api(make_user("chamvi_runs.add_run")).post(
+    response = session_api(new_user("chamvi_runs.add_run")).post(
         RUNS, {"agent": "basic", "payload": 1, "id": "evt-1"}
     )
     assert response.status_code == 409
@@ -340,19 +270,19 @@ def test_a_trigger_id_in_a_shared_scope_does_not_reveal_another_users_run(admin,
 # --- reading a run -----------------------------------------------------------------------------
 
 
-def test_the_creator_sees_the_run_others_need_view_permission(make_user):
-    creator = make_user("chamvi_runs.add_run")
+def test_the_creator_sees_the_run_others_need_view_permission(new_user):
+    creator = new_user("chamvi_runs.add_run")
     run_id = session_api(creator).post(RUNS, {"agent": "basic", "payload": 1}).json()["id"]
     url = f"{RUNS}{run_id}/"
 
     mine = session_api(creator).get(url)
     assert mine.status_code == 200 and mine.json()["id"] == run_id
 
-    stranger = session_api(make_user("chamvi_runs.add_run")).get(url)
+    stranger = session_api(new_user("chamvi_runs.add_run")).get(url)
     assert stranger.status_code == 404
     assert error_of(stranger)["code"] == "not_found"
 
-    viewer = session_api(make_user("chamvi_runs.view_run")).get(url)
+    viewer = session_api(new_user("chamvi_runs.view_run")).get(url)
     assert viewer.status_code == 200 and viewer.json()["id"] == run_id
 
     anonymous = anonymous_api().get(url)
@@ -405,23 +335,23 @@ def test_cancel_a_queued_run(admin):
     assert admin.get(f"{RUNS}{run_id}/").json()["status"] == "cancelled"
 
 
-def test_cancel_needs_the_cancel_permission(make_user):
-    creator = make_user("chamvi_runs.add_run")
+def test_cancel_needs_the_cancel_permission(new_user):
+    creator = new_user("chamvi_runs.add_run")
     run_id = session_api(creator).post(RUNS, {"agent": "basic", "payload": 1}).json()["id"]
     url = f"{RUNS}{run_id}/cancel/"
 
-    assert session_api(make_user()).post(url).status_code == 404  # may not even see it
-    viewer = session_api(make_user("chamvi_runs.view_run")).post(url)
+    assert session_api(new_user()).post(url).status_code == 404  # may not even see it
+    viewer = session_api(new_user("chamvi_runs.view_run")).post(url)
     assert viewer.status_code == 403 and error_of(viewer)["code"] == "forbidden"
     assert anonymous_api().post(url).status_code == 401
     assert session_api(creator).post(url, csrf=False).status_code == 403  # CSRF
     assert Run.objects.get(pk=run_id).status == "queued"
 
-    changer = session_api(make_user("chamvi_runs.view_run", "chamvi_runs.change_run")).post(url)
+    changer = session_api(new_user("chamvi_runs.view_run", "chamvi_runs.change_run")).post(url)
     assert changer.status_code == 403
     assert Run.objects.get(pk=run_id).status == "queued"
 
-    canceller = session_api(make_user("chamvi_runs.view_run", "chamvi_runs.cancel_run")).post(url)
+    canceller = session_api(new_user("chamvi_runs.view_run", "chamvi_runs.cancel_run")).post(url)
     assert canceller.status_code == 200
     assert Run.objects.get(pk=run_id).status == "cancelled"
 
@@ -479,12 +409,12 @@ def test_input_on_a_completed_run_is_409(admin, server):
     assert not RunInput.objects.exists()
 
 
-def test_input_needs_steering_rights(make_user):
-    creator = make_user("chamvi_runs.add_run")
+def test_input_needs_steering_rights(new_user):
+    creator = new_user("chamvi_runs.add_run")
     run_id = session_api(creator).post(RUNS, {"agent": "basic", "payload": 1}).json()["id"]
     url = f"{RUNS}{run_id}/input/"
-    assert session_api(make_user()).post(url, {"payload": 1}).status_code == 404
-    assert session_api(make_user("chamvi_runs.view_run")).post(url, {"payload": 1}).status_code == 403
+    assert session_api(new_user()).post(url, {"payload": 1}).status_code == 404
+    assert session_api(new_user("chamvi_runs.view_run")).post(url, {"payload": 1}).status_code == 403
     assert not RunInput.objects.exists()
 
 
@@ -505,15 +435,15 @@ def test_a_waiting_run_shows_its_open_wait_point_without_the_token(admin, admin_
     assert "token" not in json.dumps(waiting)
 
 
-def test_approve_needs_the_permission_then_requeues_the_run_once(make_user, server, queue):
+def test_approve_needs_the_permission_then_requeues_the_run_once(new_user, server, queue):
     run, waitpoint = waiting_run(server)
     url = approval_url(waitpoint, "approve")
 
     anonymous = anonymous_api().post(url)
     assert anonymous.status_code == 401
-    lacking = session_api(make_user("chamvi_runs.view_run", "chamvi_runs.change_run")).post(url)
+    lacking = session_api(new_user("chamvi_runs.view_run", "chamvi_runs.change_run")).post(url)
     assert lacking.status_code == 403 and error_of(lacking)["code"] == "forbidden"
-    approver_user = make_user("chamvi_runs.approve_waitpoint")
+    approver_user = new_user("chamvi_runs.approve_waitpoint")
     approver = session_api(approver_user)
     assert approver.post(url, {"reason": "ok"}, csrf=False).status_code == 403  # CSRF
     assert WaitPoint.objects.get(pk=waitpoint.pk).decision is None

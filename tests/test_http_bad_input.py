@@ -1,8 +1,6 @@
 """Bad input over HTTP is a JSON 4xx that creates nothing, never a 500 (on PostgreSQL, which refuses
 NUL characters in text and jsonb), and no request makes a response or a read unbounded."""
 
-# ruff: noqa: F811  (tests take the fixtures imported from tests.test_http_api as arguments)
-
 from __future__ import annotations
 
 import asyncio
@@ -14,23 +12,13 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.core.handlers.asgi import ASGIHandler
 from django.db import connection
-from django.test import Client
 from django.utils import timezone
 
 from chamvi_runs import start_run
-from chamvi_runs.auth import create_token
 from chamvi_runs.models import Run, RunInput, Step, WaitPoint
-from tests.test_http_api import (  # noqa: F401  (admin, admin_user, make_user and queue are fixtures)
-    RUNS,
-    admin,
-    admin_user,
-    approval_url,
-    error_of,
-    make_user,
-    queue,
-    queued_runs,
-    waiting_run,
-)
+from chamvi_runs.web.auth import create_token
+from tests.helpers import bearer, logged_in
+from tests.test_http_api import RUNS, approval_url, error_of, queued_runs, waiting_run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 
@@ -81,10 +69,10 @@ def _post_chunked(path: str, headers: dict[str, str], chunks: Iterator[bytes]) -
     return start["status"], b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
 
 
-def test_a_chunked_body_is_read_only_up_to_the_limit(make_user, queue, settings):
+def test_a_chunked_body_is_read_only_up_to_the_limit(new_user, queue, settings):
     # A site that accepts large uploads elsewhere: Django's own cap on request.body is off.
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = None
-    headers = {"Authorization": f"Bearer {create_token(make_user('chamvi_runs.add_run'), 'ci')[1]}"}
+    headers = bearer(create_token(new_user("chamvi_runs.add_run"), "ci")[1])
     body_size = 48 * 2**20
 
     def chunks() -> Iterator[bytes]:
@@ -160,8 +148,7 @@ def test_a_nul_character_in_a_decision_is_400_and_decides_nothing(admin, admin_u
     assert admin.post("/chamvi/api/approvals/apr_%00/approve/").status_code == 404
     assert WaitPoint.objects.get(pk=waitpoint.pk).decision is None
 
-    page = Client()
-    page.force_login(admin_user)
+    page = logged_in(admin_user)
     for form in (
         {"action": "approve", "approval_id": waitpoint.approval_id, "reason": "ok\u0000"},
         {"action": "approve", "approval_id": "apr\u0000"},
@@ -177,8 +164,7 @@ def test_a_nul_character_in_a_run_id_is_404(admin, admin_user):
         response = admin.get(url) if url.endswith("00/") else admin.post(url, {"payload": 1})
         assert response.status_code == 404, url
         assert error_of(response)["code"] == "not_found"
-    page = Client()
-    page.force_login(admin_user)
+    page = logged_in(admin_user)
     assert page.get("/chamvi/runs/run_%00/").status_code == 404
 
 

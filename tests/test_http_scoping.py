@@ -1,8 +1,6 @@
 """Many users on one site over HTTP: keys, trigger ids and threads are the caller's own; run viewers
 who are not staff see no execution internals; tokens stay out of error reports."""
 
-# ruff: noqa: F811  (tests take the fixtures imported from tests.test_http_api as arguments)
-
 from __future__ import annotations
 
 import logging
@@ -16,24 +14,13 @@ from django.test import Client
 from django.utils.log import AdminEmailHandler
 
 from chamvi_runs import start_run, store
-from chamvi_runs.auth import create_token
 from chamvi_runs.core.states import Status
-from chamvi_runs.lifecycle import announce_settled
 from chamvi_runs.models import ApiToken, Run, Thread, WaitPoint
-from tests.helpers import events, execute
+from chamvi_runs.runtime.lifecycle import announce_settled
+from chamvi_runs.web.auth import create_token
+from tests.helpers import bearer, bearer_api, events, execute, logged_in, session_api
 from tests.scripted_server import Reply, finish, text, tool_call
-from tests.test_http_api import (  # noqa: F401  (make_user and queue are fixtures)
-    REFUND_CALL,
-    RUNS,
-    approval_url,
-    bearer_api,
-    error_of,
-    make_user,
-    queue,
-    queued_runs,
-    session_api,
-    waiting_run,
-)
+from tests.test_http_api import REFUND_CALL, RUNS, approval_url, error_of, queued_runs, waiting_run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 
@@ -44,8 +31,8 @@ CRASH = "OperationalError: password authentication failed for user 'refunds' on 
 # --- concurrency keys and trigger ids ----------------------------------------------------------
 
 
-def test_another_users_waiting_run_does_not_hold_my_concurrency_key(make_user, server):
-    alice, bob = make_user("chamvi_runs.add_run"), make_user("chamvi_runs.add_run")
+def test_another_users_waiting_run_does_not_hold_my_concurrency_key(new_user, server):
+    alice, bob = new_user("chamvi_runs.add_run"), new_user("chamvi_runs.add_run")
     server.script("m-approving", [Reply(tool_call("c1", "refund", REFUND_CALL), finish("tool_calls"))])
     bobs = session_api(bob).post(RUNS, {"agent": "approving", "payload": 1, "concurrency_key": "order-1"})
     assert execute(bobs.json()["id"]).status == "waiting"
@@ -64,8 +51,8 @@ def test_another_users_waiting_run_does_not_hold_my_concurrency_key(make_user, s
     assert execute(second.json()["id"]).status == "queued"
 
 
-def test_a_trigger_id_taken_by_another_user_does_not_return_their_run(make_user, queue):
-    alice, bob = make_user("chamvi_runs.add_run"), make_user("chamvi_runs.add_run")
+def test_a_trigger_id_taken_by_another_user_does_not_return_their_run(new_user, queue):
+    alice, bob = new_user("chamvi_runs.add_run"), new_user("chamvi_runs.add_run")
     bobs = session_api(bob).post(RUNS, {"agent": "basic", "payload": {"from": "bob"}, "id": "evt-9"})
     assert bobs.status_code == 201
 
@@ -90,8 +77,8 @@ def test_a_trigger_id_taken_by_another_user_does_not_return_their_run(make_user,
 # --- threads -----------------------------------------------------------------------------------
 
 
-def test_starting_a_run_in_another_users_thread_is_403_and_creates_nothing(make_user, queue):
-    alice, bob = make_user("chamvi_runs.add_run"), make_user("chamvi_runs.add_run")
+def test_starting_a_run_in_another_users_thread_is_403_and_creates_nothing(new_user, queue):
+    alice, bob = new_user("chamvi_runs.add_run"), new_user("chamvi_runs.add_run")
     first = session_api(alice).post(RUNS, {"agent": "basic", "payload": "secret", "thread": "t-42"})
     assert first.status_code == 201
 
@@ -117,34 +104,33 @@ def _failed_on_an_internal_error(user: Any) -> Run:
     return Run.objects.get(pk=run.pk)
 
 
-def test_only_staff_see_the_worker_that_holds_a_run(make_user):
-    creator = make_user("chamvi_runs.add_run")
+def test_only_staff_see_the_worker_that_holds_a_run(new_user):
+    creator = new_user("chamvi_runs.add_run")
     run = start_run("basic", 1, created_by=creator)
     assert store.claim(run.pk, WORKER, 60) is not None
 
     mine = session_api(creator).get(f"{RUNS}{run.pk}/")
     assert mine.status_code == 200 and mine.json()["status"] == "running"
     assert "claim_owner" not in mine.json() and "web-7" not in mine.content.decode()
-    viewer = session_api(make_user("chamvi_runs.view_run")).get(f"{RUNS}{run.pk}/")
+    viewer = session_api(new_user("chamvi_runs.view_run")).get(f"{RUNS}{run.pk}/")
     assert "web-7" not in viewer.content.decode()
 
-    staff = session_api(make_user("chamvi_runs.view_run", is_staff=True)).get(f"{RUNS}{run.pk}/")
+    staff = session_api(new_user("chamvi_runs.view_run", is_staff=True)).get(f"{RUNS}{run.pk}/")
     assert staff.json()["claim_owner"] == WORKER
 
 
-def test_an_internal_error_shows_its_text_to_staff_only(make_user):
-    creator = make_user("chamvi_runs.add_run")
+def test_an_internal_error_shows_its_text_to_staff_only(new_user):
+    creator = new_user("chamvi_runs.add_run")
     run = _failed_on_an_internal_error(creator)
 
     error = session_api(creator).get(f"{RUNS}{run.pk}/").json()["error"]
     assert error["code"] == "internal_error" and error["message"]
     assert "db-3" not in error["message"] and "password" not in error["message"]
-    client = Client()
-    client.force_login(creator)
+    client = logged_in(creator)
     page = client.get(f"/chamvi/runs/{run.pk}/").content.decode()
     assert "internal_error" in page and "db-3" not in page and "password" not in page
 
-    staff_user = make_user("chamvi_runs.view_run", is_staff=True)
+    staff_user = new_user("chamvi_runs.view_run", is_staff=True)
     assert session_api(staff_user).get(f"{RUNS}{run.pk}/").json()["error"]["message"] == CRASH
     client.force_login(staff_user)
     assert "db-3.internal.example" in client.get(f"/chamvi/runs/{run.pk}/").content.decode()
@@ -197,13 +183,11 @@ def test_an_approval_token_is_not_in_the_error_report_of_a_crash(server, error_m
     assert raw not in _report(error_mails)
 
 
-def test_a_bearer_token_is_not_in_the_error_report_of_a_crash(make_user, error_mails, monkeypatch):
-    _, raw = create_token(make_user("chamvi_runs.add_run"), "ci")
+def test_a_bearer_token_is_not_in_the_error_report_of_a_crash(new_user, error_mails, monkeypatch):
+    _, raw = create_token(new_user("chamvi_runs.add_run"), "ci")
     monkeypatch.setattr(ApiToken, "objects", _Unreachable())
     client = Client(raise_request_exception=False)
-    response = client.post(
-        RUNS, {"agent": "basic"}, content_type="application/json", headers={"Authorization": f"Bearer {raw}"}
-    )
+    response = client.post(RUNS, {"agent": "basic"}, content_type="application/json", headers=bearer(raw))
     assert response.status_code == 500
     assert raw not in _report(error_mails)
 
@@ -211,12 +195,11 @@ def test_a_bearer_token_is_not_in_the_error_report_of_a_crash(make_user, error_m
 # --- the approvals page ------------------------------------------------------------------------
 
 
-def test_the_approvals_page_cancels_with_the_cancel_permission(make_user, server):
+def test_the_approvals_page_cancels_with_the_cancel_permission(new_user, server):
     run, _ = waiting_run(server)
     decider = ("chamvi_runs.approve_waitpoint", "chamvi_runs.view_run")
-    changer, canceller = Client(), Client()
-    changer.force_login(make_user(*decider, "chamvi_runs.change_run"))
-    canceller.force_login(make_user(*decider, "chamvi_runs.cancel_run"))
+    changer = logged_in(new_user(*decider, "chamvi_runs.change_run"))
+    canceller = logged_in(new_user(*decider, "chamvi_runs.cancel_run"))
 
     assert 'value="cancel"' not in changer.get("/chamvi/approvals/").content.decode()
     assert changer.post("/chamvi/approvals/", {"action": "cancel", "run_id": run.pk}).status_code == 404

@@ -9,14 +9,11 @@ import re
 from typing import Any
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
-from django.test import Client
 
 from chamvi_runs import approve, cancel_run, deny, send_input, start_run
 from chamvi_runs.models import Run, WaitPoint
-from chamvi_runs.replay import events_from_steps
-from tests.helpers import admin_url, events, execute
+from chamvi_runs.streaming.replay import events_from_steps
+from tests.helpers import admin_url, events, execute, logged_in, make_superuser, make_user
 from tests.scripted_server import Reply, finish, text, tool_call
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(30)]
@@ -25,21 +22,8 @@ REFUND = '{"order_id": "o-1", "amount_cents": 500}'
 EVIL = "</script><script>alert(1)</script>"
 
 
-def make_user(name: str, *perms: str) -> Any:
-    user = get_user_model().objects.create_user(name, f"{name}@example.com", "pw")
-    for codename in perms:
-        user.user_permissions.add(Permission.objects.get(codename=codename))
-    return user
-
-
-def client_for(user: Any) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
 def page(user: Any, path: str) -> str:
-    response = client_for(user).get(path)
+    response = logged_in(user).get(path)
     assert response.status_code == 200, (path, response.status_code)
     return response.content.decode()
 
@@ -87,7 +71,7 @@ def test_a_decided_run_shows_who_decided_when_and_why_and_no_approval_buttons(se
     decided_at = WaitPoint.objects.get(pk=waitpoint.pk).decided_at
     assert f'datetime="{decided_at.isoformat()}"' in decisions
 
-    body = client_for(owner).get(f"/chamvi/api/runs/{run.pk}/").json()
+    body = logged_in(owner).get(f"/chamvi/api/runs/{run.pk}/").json()
     assert body["decisions"] == [
         {
             "approval_id": waitpoint.approval_id,
@@ -156,7 +140,7 @@ def test_pages_link_to_each_other_and_to_the_site(server):
 
 def test_the_approvals_page_says_what_was_decided(server):
     decider = make_user("decider", "view_run", "approve_waitpoint", "cancel_run")
-    client = client_for(decider)
+    client = logged_in(decider)
     run, waitpoint = waiting_run(server, decider)
     form = {"action": "deny", "approval_id": waitpoint.approval_id, "reason": "no"}
     content = client.post("/chamvi/approvals/", form, follow=True).content.decode()
@@ -188,8 +172,8 @@ def test_a_thread_page_shows_its_runs_oldest_first_to_those_who_may_view_them(se
     assert runs == [first.pk, second.pk]
     for shown in ("I am Ada", "Hello Ada.", "You are Ada.", f'href="/chamvi/runs/{second.pk}/"', "completed"):
         assert shown in content, shown
-    assert client_for(stranger).get("/chamvi/threads/support/ticket%207/").status_code == 404
-    assert client_for(owner).get("/chamvi/threads/nobody/").status_code == 404
+    assert logged_in(stranger).get("/chamvi/threads/support/ticket%207/").status_code == 404
+    assert logged_in(owner).get("/chamvi/threads/nobody/").status_code == 404
 
     # The run page of the second run shows the first above it, and links to the thread.
     content = run_page(owner, second)
@@ -208,7 +192,7 @@ def test_a_run_page_leaves_out_earlier_runs_of_the_thread_its_viewer_may_not_see
     server.script("m-basic", [Reply(text("two"), finish("stop"))])
     second = execute(start_run("basic", "second", created_by=owner, thread="t"))
     assert 'id="thread-history"' in run_page(owner, second)
-    assert client_for(reader).get(f"/chamvi/runs/{second.pk}/").status_code == 404
+    assert logged_in(reader).get(f"/chamvi/runs/{second.pk}/").status_code == 404
 
 
 class OwnRunsPolicy:
@@ -242,7 +226,7 @@ def test_the_home_page_lists_the_users_recent_runs(server):
 
 
 def test_the_admin_run_page_is_read_only_and_links_to_the_run_page(server):
-    admin = get_user_model().objects.create_superuser("root", "root@example.com", "pw")
+    admin = make_superuser()
     run = start_run("basic", "x", created_by=admin)
     content = page(admin, admin_url(run))
     assert f'href="/chamvi/runs/{run.pk}/"' in content and "View on site" in content

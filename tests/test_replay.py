@@ -11,9 +11,7 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from channels.testing import WebsocketCommunicator
-from django.contrib.auth import get_user_model
 from django.db import connection
-from django.test import Client
 
 from chamvi_runs import approve, start_run
 from chamvi_runs.models import Run, Step, WaitPoint
@@ -27,15 +25,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 REFUND = '{"order_id": "o-1", "amount_cents": 500}'
 REBUILT_WAITING = ["run.start", "step.start", "delta", "step.end", "run.waiting"]
 AFTER_APPROVAL = ["run.resume", "tool.call", "tool.result", "step.start", "delta", "step.end", "run.end"]
-
-
-@pytest.fixture
-def client() -> Client:
-    user = get_user_model().objects.create_superuser("root", "root@example.com", "pw")
-    c = Client()
-    c.force_login(user)
-    c.user = user  # type: ignore[attr-defined]
-    return c
 
 
 def url(run: Run) -> str:
@@ -69,28 +58,28 @@ def assert_consecutive(stream: list[dict[str, Any]], first: int) -> None:
     assert [e["seq"] for e in stream] == list(range(first, first + len(stream)))
 
 
-def test_after_a_pause_longer_than_the_buffer_a_client_resumes_by_seq(server, client, redis):
-    run, waitpoint = waiting_run(server, client.user)
+def test_after_a_pause_longer_than_the_buffer_a_client_resumes_by_seq(server, root_client, redis):
+    run, waitpoint = waiting_run(server, root_client.user)
     seen = events(run)[-1]["seq"]  # the client saw the approval request, then the page slept
     expire_buffer(redis, run)
-    approve_and_finish(server, waitpoint, client.user)
-    streamed = parse(body(client.get(url(run), HTTP_LAST_EVENT_ID=str(seen))))
+    approve_and_finish(server, waitpoint, root_client.user)
+    streamed = parse(body(root_client.get(url(run), HTTP_LAST_EVENT_ID=str(seen))))
     assert [e["type"] for e in streamed] == AFTER_APPROVAL
     assert_consecutive(streamed, seen + 1)
     assert streamed == events(run)  # the buffered events themselves, nothing rebuilt
     assert streamed[-1]["status"] == "completed" and streamed[-1]["output"] == "Refunded."
 
 
-def test_a_waiting_run_whose_buffer_expired_shows_its_approval_then_streams_on(server, client, redis):
-    run, waitpoint = waiting_run(server, client.user, "I will ", "refund ", "order o-1.")
+def test_a_waiting_run_whose_buffer_expired_shows_its_approval_then_streams_on(server, root_client, redis):
+    run, waitpoint = waiting_run(server, root_client.user, "I will ", "refund ", "order o-1.")
     top = events(run)[-1]["seq"]
     expire_buffer(redis, run)
 
     async def scenario():
-        stream = Stream(await sync_to_async(client.get)(url(run)))
+        stream = Stream(await sync_to_async(root_client.get)(url(run)))
         replayed = await stream.until("run.waiting")
         finish_it = sync_to_async(approve_and_finish, thread_sensitive=False)
-        finished = await finish_it(server, waitpoint, client.user)
+        finished = await finish_it(server, waitpoint, root_client.user)
         live = await stream.until("run.end")
         assert await stream.next() is None, "the stream goes on after run.end"
         return replayed, live, finished
@@ -107,10 +96,12 @@ def test_a_waiting_run_whose_buffer_expired_shows_its_approval_then_streams_on(s
     assert_consecutive(replayed + live, top + 1)
 
 
-def test_the_chat_page_socket_of_a_waiting_run_whose_buffer_expired_gets_the_approval(server, client, redis):
-    run, waitpoint = waiting_run(server, client.user)
+def test_the_chat_page_socket_of_a_waiting_run_whose_buffer_expired_gets_the_approval(
+    server, root_client, redis
+):
+    run, waitpoint = waiting_run(server, root_client.user)
     expire_buffer(redis, run)
-    cookie = f"sessionid={client.cookies['sessionid'].value}".encode()
+    cookie = f"sessionid={root_client.cookies['sessionid'].value}".encode()
     headers = [(b"origin", b"http://127.0.0.1"), (b"cookie", cookie)]
 
     async def scenario():
@@ -126,13 +117,13 @@ def test_the_chat_page_socket_of_a_waiting_run_whose_buffer_expired_gets_the_app
     assert received[-1]["approval_id"] == waitpoint.approval_id
 
 
-def test_a_reconnect_after_a_settled_runs_buffer_expired_gets_run_end(server, client, redis):
-    run, waitpoint = waiting_run(server, client.user)
-    run = approve_and_finish(server, waitpoint, client.user)
+def test_a_reconnect_after_a_settled_runs_buffer_expired_gets_run_end(server, root_client, redis):
+    run, waitpoint = waiting_run(server, root_client.user)
+    run = approve_and_finish(server, waitpoint, root_client.user)
     top = events(run)[-1]["seq"]
     expire_buffer(redis, run)
     # The client lost its connection just before run.end, and came back after the buffer expired.
-    streamed = parse(body(client.get(url(run), HTTP_LAST_EVENT_ID=str(top - 1))))
+    streamed = parse(body(root_client.get(url(run), HTTP_LAST_EVENT_ID=str(top - 1))))
     assert streamed[0]["type"] == "replay.truncated"
     assert_consecutive(streamed, top + 1)
     assert streamed[-1]["type"] == "run.end" and streamed[-1]["status"] == "completed"
@@ -140,37 +131,39 @@ def test_a_reconnect_after_a_settled_runs_buffer_expired_gets_run_end(server, cl
     assert len(tools) == 1 and tools[0]["output"]["refunded"] == 500
     # Resuming inside the rebuild goes on where it stopped; after its run.end there is nothing.
     middle = streamed[3]["seq"]
-    assert parse(body(client.get(url(run), HTTP_LAST_EVENT_ID=str(middle)))) == streamed[4:]
-    assert parse(body(client.get(url(run), HTTP_LAST_EVENT_ID=str(streamed[-1]["seq"])))) == []
+    assert parse(body(root_client.get(url(run), HTTP_LAST_EVENT_ID=str(middle)))) == streamed[4:]
+    assert parse(body(root_client.get(url(run), HTTP_LAST_EVENT_ID=str(streamed[-1]["seq"])))) == []
 
 
-def test_an_active_runs_buffer_outlives_its_wait_and_shrinks_after_run_end(server, client, redis, settings):
+def test_an_active_runs_buffer_outlives_its_wait_and_shrinks_after_run_end(
+    server, root_client, redis, settings
+):
     settings.CHAMVI_RUNS = {**settings.CHAMVI_RUNS, "STREAM_BUFFER_SECONDS": 120}
-    run, waitpoint = waiting_run(server, client.user)
+    run, waitpoint = waiting_run(server, root_client.user)
     # The site's approval TTL (a day by default) or the wait point's own expiry, plus the buffer time.
     assert redis.ttl(f"chamvi:events:{run.pk}") > 24 * 3600
-    approve_and_finish(server, waitpoint, client.user)
+    approve_and_finish(server, waitpoint, root_client.user)
     assert 0 < redis.ttl(f"chamvi:events:{run.pk}") <= 120
     assert redis.ttl(f"chamvi:seq:{run.pk}") > 30 * 24 * 3600
 
 
 def test_a_runs_buffer_is_capped_and_a_client_behind_the_cap_gets_the_run_rebuilt(
-    server, client, redis, monkeypatch
+    server, root_client, redis, monkeypatch
 ):
-    monkeypatch.setattr("chamvi_runs.buffer.BUFFER_EVENTS", 12)
+    monkeypatch.setattr("chamvi_runs.streaming.buffer.BUFFER_EVENTS", 12)
     calls = [
         Reply(tool_call(f"c{n}", "add", f'{{"a": {n}, "b": 1}}'), finish("tool_calls")) for n in range(5)
     ]
     server.script("m-basic", [*calls, Reply(text("Done"), finish("stop"))])
-    run = execute(start_run("basic", "add", created_by=client.user))
+    run = execute(start_run("basic", "add", created_by=root_client.user))
     assert run.status == "completed"
     held = events(run)
     top = held[-1]["seq"]
     assert len(held) == 12 and top > 12 and redis.zcard(f"chamvi:events:{run.pk}") == 12
     # Within the cap: exactly the events after the seq.
-    assert parse(body(client.get(url(run), HTTP_LAST_EVENT_ID=str(top - 5)))) == held[-5:]
+    assert parse(body(root_client.get(url(run), HTTP_LAST_EVENT_ID=str(top - 5)))) == held[-5:]
     # Behind it: told so, then the whole run rebuilt from its steps.
-    streamed = parse(body(client.get(url(run))))
+    streamed = parse(body(root_client.get(url(run))))
     assert streamed[0]["type"] == "replay.truncated" and streamed[0]["from_step"] == 0
     assert_consecutive(streamed, top + 1)
     assert [e["output"] for e in streamed if e["type"] == "tool.result"] == [n + 1 for n in range(5)]
@@ -179,15 +172,15 @@ def test_a_runs_buffer_is_capped_and_a_client_behind_the_cap_gets_the_run_rebuil
 
 
 def test_an_active_run_rebuilt_behind_the_cap_goes_on_without_gap_for_every_client(
-    server, client, redis, monkeypatch
+    server, root_client, redis, monkeypatch
 ):
-    monkeypatch.setattr("chamvi_runs.buffer.BUFFER_EVENTS", 8)
-    run, waitpoint = waiting_run(server, client.user, *(f"w{n} " for n in range(12)))
+    monkeypatch.setattr("chamvi_runs.streaming.buffer.BUFFER_EVENTS", 8)
+    run, waitpoint = waiting_run(server, root_client.user, *(f"w{n} " for n in range(12)))
     top = events(run)[-1]["seq"]
     assert top > 12, "the deltas were not recorded one by one"
 
     async def read_until_waiting(after: int) -> list[dict[str, Any]]:
-        stream = Stream(await sync_to_async(client.get)(url(run), HTTP_LAST_EVENT_ID=str(after)))
+        stream = Stream(await sync_to_async(root_client.get)(url(run), HTTP_LAST_EVENT_ID=str(after)))
         got = await stream.until("run.waiting")
         await stream.close()
         return got
@@ -202,7 +195,7 @@ def test_an_active_run_rebuilt_behind_the_cap_goes_on_without_gap_for_every_clie
     assert async_to_sync(read_until_waiting)(top) == behind
     assert async_to_sync(read_until_waiting)(3) == behind
     # Live events go on right after the region, for every client.
-    approve_and_finish(server, waitpoint, client.user)
-    streamed = parse(body(client.get(url(run), HTTP_LAST_EVENT_ID=str(behind[-1]["seq"]))))
+    approve_and_finish(server, waitpoint, root_client.user)
+    streamed = parse(body(root_client.get(url(run), HTTP_LAST_EVENT_ID=str(behind[-1]["seq"]))))
     assert [e["type"] for e in streamed] == AFTER_APPROVAL
     assert_consecutive(streamed, behind[-1]["seq"] + 1)

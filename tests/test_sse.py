@@ -6,14 +6,14 @@ import asyncio
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
-from django.contrib.auth import get_user_model
 from django.db import close_old_connections, connection
 from django.test import Client
 
-from chamvi_runs import start_run, views_stream
-from chamvi_runs.broadcast import ChannelsBroadcaster, event_log
+from chamvi_runs import start_run
 from chamvi_runs.models import Run, Step
-from tests.helpers import events, execute
+from chamvi_runs.streaming.broadcast import ChannelsBroadcaster, event_log
+from chamvi_runs.web import views_stream
+from tests.helpers import events, execute, logged_in, make_user
 from tests.scripted_server import Reply, delay, finish, text, tool_call
 from tests.sse_helpers import Stream
 from tests.sse_helpers import body as _body
@@ -22,35 +22,26 @@ from tests.sse_helpers import parse as _parse
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(30)]
 
 
-@pytest.fixture
-def client():
-    user = get_user_model().objects.create_superuser("root", "root@example.com", "pw")
-    c = Client()
-    c.force_login(user)
-    c.user = user
-    return c
-
-
-def test_stream_of_a_finished_run_replays_every_event_once(server, client):
+def test_stream_of_a_finished_run_replays_every_event_once(server, root_client):
     server.script("m-basic", [Reply(text("Hel"), text("lo"), finish("stop"))])
-    run = execute(start_run("basic", "x", created_by=client.user))
-    response = client.get(f"/chamvi/api/runs/{run.pk}/stream/")
+    run = execute(start_run("basic", "x", created_by=root_client.user))
+    response = root_client.get(f"/chamvi/api/runs/{run.pk}/stream/")
     assert response.status_code == 200 and response["Content-Type"] == "text/event-stream"
     streamed = _parse(_body(response))
     assert streamed == events(run)
     assert streamed[-1]["type"] == "run.end"
 
 
-def test_stream_resumes_after_a_seq(server, client):
+def test_stream_resumes_after_a_seq(server, root_client):
     server.script("m-basic", [Reply(text("a"), text("b"), finish("stop"))])
-    run = execute(start_run("basic", "x", created_by=client.user))
-    streamed = _parse(_body(client.get(f"/chamvi/api/runs/{run.pk}/stream/?after=3")))
+    run = execute(start_run("basic", "x", created_by=root_client.user))
+    streamed = _parse(_body(root_client.get(f"/chamvi/api/runs/{run.pk}/stream/?after=3")))
     assert [e["seq"] for e in streamed] == [e["seq"] for e in events(run) if e["seq"] > 3]
-    header = _parse(_body(client.get(f"/chamvi/api/runs/{run.pk}/stream/", HTTP_LAST_EVENT_ID="4")))
+    header = _parse(_body(root_client.get(f"/chamvi/api/runs/{run.pk}/stream/", HTTP_LAST_EVENT_ID="4")))
     assert header[0]["seq"] == 5
 
 
-def test_an_old_run_is_served_from_its_stored_steps(server, client, redis):
+def test_an_old_run_is_served_from_its_stored_steps(server, root_client, redis):
     server.script(
         "m-basic",
         [
@@ -58,9 +49,9 @@ def test_an_old_run_is_served_from_its_stored_steps(server, client, redis):
             Reply(text("3"), finish("stop")),
         ],
     )
-    run = execute(start_run("basic", "x", created_by=client.user))
+    run = execute(start_run("basic", "x", created_by=root_client.user))
     redis.delete(f"chamvi:events:{run.pk}", f"chamvi:seq:{run.pk}")
-    streamed = _parse(_body(client.get(f"/chamvi/api/runs/{run.pk}/stream/")))
+    streamed = _parse(_body(root_client.get(f"/chamvi/api/runs/{run.pk}/stream/")))
     assert [e["seq"] for e in streamed] == list(range(1, len(streamed) + 1))
     texts = [e["text"] for e in streamed if e["type"] == "delta" and e["kind"] == "text"]
     assert texts == [s.output["text"] for s in Step.objects.filter(run=run, kind="llm")]
@@ -68,23 +59,24 @@ def test_an_old_run_is_served_from_its_stored_steps(server, client, redis):
     assert streamed[-1]["type"] == "run.end" and streamed[-1]["output"] == "3"
 
 
-def test_stream_is_only_for_users_who_may_view_the_run(client):
-    run = start_run("basic", "x", created_by=client.user)
-    stranger = Client()
-    stranger.force_login(get_user_model().objects.create_user("eve", password="pw"))
+def test_stream_is_only_for_users_who_may_view_the_run(root_client):
+    run = start_run("basic", "x", created_by=root_client.user)
+    stranger = logged_in(make_user("eve"))
     assert stranger.get(f"/chamvi/api/runs/{run.pk}/stream/").status_code == 404
     assert Client().get(f"/chamvi/api/runs/{run.pk}/stream/").status_code == 401
-    assert client.get(f"/chamvi/api/runs/{run.pk}/stream/?after=x").status_code == 400
+    assert root_client.get(f"/chamvi/api/runs/{run.pk}/stream/?after=x").status_code == 400
 
 
 @pytest.mark.parametrize(
     ("after", "last_event_id"),
     [("²", None), ("٣", None), ("-1", None), ("1e3", None), (" 4", None), (None, "²"), (None, "abc")],
 )
-def test_a_seq_that_is_not_ascii_digits_is_a_json_400(client, after, last_event_id):
-    run = start_run("basic", "x", created_by=client.user)
+def test_a_seq_that_is_not_ascii_digits_is_a_json_400(root_client, after, last_event_id):
+    run = start_run("basic", "x", created_by=root_client.user)
     headers = {"HTTP_LAST_EVENT_ID": last_event_id} if last_event_id else {}
-    response = client.get(f"/chamvi/api/runs/{run.pk}/stream/", {"after": after} if after else {}, **headers)
+    response = root_client.get(
+        f"/chamvi/api/runs/{run.pk}/stream/", {"after": after} if after else {}, **headers
+    )
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "invalid_field"
 
@@ -97,12 +89,12 @@ def _execute_in_thread(run_id: str) -> Run:
         connection.close()
 
 
-def test_a_stream_follows_a_run_live_until_run_end(server, client):
+def test_a_stream_follows_a_run_live_until_run_end(server, root_client):
     server.script("m-basic", [Reply(text("Hel"), delay(0.3), text("lo"), finish("stop"))])
-    run = start_run("basic", "x", created_by=client.user)
+    run = start_run("basic", "x", created_by=root_client.user)
 
     async def scenario():
-        stream = Stream(await sync_to_async(client.get)(f"/chamvi/api/runs/{run.pk}/stream/"))
+        stream = Stream(await sync_to_async(root_client.get)(f"/chamvi/api/runs/{run.pk}/stream/"))
         execution = asyncio.ensure_future(sync_to_async(_execute_in_thread, thread_sensitive=False)(run.pk))
         first = await stream.next()
         assert not execution.done(), "the first event came live, while the model was answering"
@@ -114,12 +106,12 @@ def test_a_stream_follows_a_run_live_until_run_end(server, client):
     assert async_to_sync(scenario)() == events(run)
 
 
-def test_a_stream_sends_what_the_channel_layer_lost_from_the_buffer(client):
-    run = start_run("basic", "x", created_by=client.user)
+def test_a_stream_sends_what_the_channel_layer_lost_from_the_buffer(root_client):
+    run = start_run("basic", "x", created_by=root_client.user)
     log = event_log()
 
     async def scenario():
-        stream = Stream(await sync_to_async(client.get)(f"/chamvi/api/runs/{run.pk}/stream/"))
+        stream = Stream(await sync_to_async(root_client.get)(f"/chamvi/api/runs/{run.pk}/stream/"))
         # Recorded but never delivered by the layer, then a live one: the gap is filled first.
         lost = await sync_to_async(log.append_many)([(run.pk, {"type": "probe", "run_id": run.pk, "n": 1})])
         broadcaster = ChannelsBroadcaster(None)
@@ -138,12 +130,12 @@ def test_a_stream_sends_what_the_channel_layer_lost_from_the_buffer(client):
     assert got[0] == lost[0] and got[2] == lost[1] and got[1]["n"] == 2
 
 
-def test_a_quiet_stream_sends_keepalives(client, monkeypatch):
+def test_a_quiet_stream_sends_keepalives(root_client, monkeypatch):
     monkeypatch.setattr(views_stream, "KEEPALIVE_SECONDS", 0.2)
-    run = start_run("basic", "x", created_by=client.user)
+    run = start_run("basic", "x", created_by=root_client.user)
 
     async def scenario():
-        response = await sync_to_async(client.get)(f"/chamvi/api/runs/{run.pk}/stream/")
+        response = await sync_to_async(root_client.get)(f"/chamvi/api/runs/{run.pk}/stream/")
         chunks = response.streaming_content.__aiter__()
         got = [await asyncio.wait_for(chunks.__anext__(), 5) for _ in range(3)]
         await chunks.aclose()

@@ -10,13 +10,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.db import connection
 
 from chamvi_runs import start_run
-from chamvi_runs.auth import create_token
 from chamvi_runs.models import Run
-from tests.helpers import events
+from chamvi_runs.web.auth import create_token
+from tests.helpers import events, make_user
 from tests.processes import WebProcess, WorkerProcess, wait_for, worker_env
 from tests.scripted_server import Reply, delay, finish, text
 from tests.sse_helpers import parse
@@ -95,7 +94,7 @@ def _role_connections(role: str) -> int:
 def test_sixty_sse_clients_of_one_web_process_need_no_database_connection_while_they_wait(
     server, limited_role
 ):
-    user = get_user_model().objects.create_user("watcher", "w@example.com", "pw")
+    user = make_user("watcher")
     _, token = create_token(user, "sse")
     server.script(
         "m-basic",

@@ -10,11 +10,11 @@ from asgiref.sync import async_to_sync, sync_to_async
 
 from chamvi_runs import approve, start_run
 from chamvi_runs.models import Run, Step, WaitPoint
-from tests.helpers import events
+from tests.helpers import events, make_user, session_cookie
 from tests.processes import WebProcess, WorkerProcess, wait_for, worker_env
 from tests.scripted_server import Reply, finish, text, tool_call
-from tests.test_websocket import REFUND, assert_gapless, make_user
-from tests.ws_client import Socket, session_cookie
+from tests.test_websocket import REFUND, assert_gapless
+from tests.ws_client import Socket
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
 

@@ -17,11 +17,10 @@ from asgiref.sync import async_to_sync
 from chamvi_runs import start_run
 from chamvi_runs.core.states import TERMINAL
 from chamvi_runs.models import Run, Step
-from tests.helpers import events
+from tests.helpers import events, make_user, session_cookie
 from tests.processes import WebProcess, WorkerProcess, wait_for, worker_env
 from tests.scripted_server import Reply, delay, finish, text, usage
-from tests.test_websocket import make_user
-from tests.ws_client import Socket, session_cookie
+from tests.ws_client import Socket
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 

@@ -12,9 +12,9 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from chamvi_runs import Agent, Budget, effect_tool, tool
-from chamvi_runs.agent import RunContext, registry
+from chamvi_runs.agents.agent import RunContext, registry
+from chamvi_runs.agents.tools import Tool, to_jsonable
 from chamvi_runs.errors import AgentNotFound, ToolArgumentsError
-from chamvi_runs.tools import Tool, to_jsonable
 
 pytestmark = pytest.mark.timeout(30)
 

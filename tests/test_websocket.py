@@ -8,16 +8,13 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from channels.testing import WebsocketCommunicator
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
 from django.db import close_old_connections, connection
-from django.test import Client
 
 from chamvi_runs import start_run
-from chamvi_runs.broadcast import ChannelsBroadcaster
 from chamvi_runs.models import Run, RunInput, Step, WaitPoint
 from chamvi_runs.routing import websocket_application
-from tests.helpers import events, execute
+from chamvi_runs.streaming.broadcast import ChannelsBroadcaster
+from tests.helpers import events, execute, make_superuser, make_user, session_cookie
 from tests.scripted_server import Reply, delay, finish, reasoning, text, tool_call
 from tests.testapp.models import Refund
 
@@ -30,26 +27,11 @@ REFUND = '{"order_id": "o", "amount_cents": 5}'
 # --- helpers --------------------------------------------------------------------------------------
 
 
-def make_user(name: str, *perms: str, superuser: bool = False) -> Any:
-    User = get_user_model()
-    if superuser:
-        return User.objects.create_superuser(name, f"{name}@example.com", "pw")
-    user = User.objects.create_user(name, f"{name}@example.com", "pw")
-    for perm in perms:
-        app_label, codename = perm.split(".")
-        user.user_permissions.add(
-            Permission.objects.get(codename=codename, content_type__app_label=app_label)
-        )
-    return user
-
-
 def headers_for(user: Any = None, origin: bytes = b"http://127.0.0.1") -> list[tuple[bytes, bytes]]:
     """Handshake headers: the Origin, and a session cookie of ``user`` (none: anonymous)."""
     headers = [(b"origin", origin)]
     if user is not None:
-        client = Client()
-        client.force_login(user)
-        headers.append((b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()))
+        headers.append((b"cookie", session_cookie(user).encode()))
     return headers
 
 
@@ -181,7 +163,7 @@ def test_replay_after_zero_then_after_three(server, who):
     owner = make_user("owner")
     viewer = {
         "creator": owner,
-        "superuser": make_user("root", superuser=True),
+        "superuser": make_superuser(),
         "view_run": make_user("viewer", "chamvi_runs.view_run"),
     }[who]
     run = completed_run(server, owner)

@@ -10,10 +10,11 @@ import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from channels.layers import get_channel_layer
 
-from chamvi_runs import consumers, start_run
-from chamvi_runs.broadcast import ChannelsBroadcaster
+from chamvi_runs import start_run
 from chamvi_runs.models import Run, RunInput, WaitPoint
-from tests.helpers import events
+from chamvi_runs.streaming.broadcast import ChannelsBroadcaster, publisher
+from chamvi_runs.web import consumers
+from tests.helpers import events, make_user
 from tests.scripted_server import Reply, delay, finish, text
 from tests.test_websocket import (
     assert_gapless,
@@ -21,7 +22,6 @@ from tests.test_websocket import (
     execute_in_thread,
     expect_forbidden,
     headers_for,
-    make_user,
     receive_until_end,
     reply_to,
     run_path,
@@ -77,6 +77,8 @@ def test_a_thread_socket_replays_only_the_latest_runs_of_a_long_thread():
     for run in runs:
         broadcaster.publish(run.pk, {"type": "probe"})
     broadcaster.flush()
+    # Delivered before the socket joins: a send still in flight would reach it live (seen under load).
+    assert publisher.flush()
     headers = headers_for(owner)
 
     async def scenario():
@@ -225,7 +227,7 @@ def test_events_the_layer_loses_are_sent_from_the_buffer_once_each_in_order(
         await comm.disconnect()
         return received
 
-    with caplog.at_level(logging.WARNING, logger="chamvi_runs.consumers"):
+    with caplog.at_level(logging.WARNING, logger="chamvi_runs.web.consumers"):
         received = async_to_sync(scenario)()
     stored = events(run)
     assert received == stored

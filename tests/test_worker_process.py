@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Iterator
-from datetime import timedelta
 
 import pytest
 from django.db import connection
-from django.db.models import F
 
 from chamvi_runs import start_run
-from chamvi_runs.janitor import tick_once
 from chamvi_runs.models import Run, Step
-from tests.helpers import events
+from chamvi_runs.runtime.janitor import tick_once
+from tests.helpers import events, expire_lease
 from tests.processes import WorkerProcess, wait_for, worker_env
 from tests.scripted_server import Reply, delay, finish, text, tool_call, usage
 
@@ -155,7 +153,7 @@ def test_sigkill_mid_stream_is_recovered_by_the_janitor(server, spawn):
     run.refresh_from_db()
     assert run.status == "running" and run.claim_owner is not None
     # Time-travel the lease instead of sleeping through it.
-    Run.objects.filter(pk=run.pk).update(claim_expires_at=F("claim_expires_at") - timedelta(minutes=5))
+    expire_lease(run.pk)
     assert tick_once().enqueued >= 1
     rescuer = spawn()
     wait_for(lambda: _status(run.pk) == "completed", 30, lambda: "recovery\n" + rescuer.output())

@@ -138,11 +138,3 @@ class Socket:
                 await asyncio.wait_for(self.task, 5)
         self.task.cancel()
         self.writer.close()
-
-
-def session_cookie(user: Any) -> str:
-    from django.test import Client
-
-    client = Client()
-    client.force_login(user)
-    return f"sessionid={client.cookies['sessionid'].value}"

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 import pydantic
 from django.core.exceptions import ImproperlyConfigured
 
-from .core.budget import Budget
-from .core.types import AbortSignal
-from .errors import AgentNotFound
+from ..core.budget import Budget
+from ..core.types import AbortSignal
+from ..errors import AgentNotFound
 from .tools import Tool
 
 if TYPE_CHECKING:
-    from .models import Run, WaitPoint
+    from ..models import Run, WaitPoint
 
 ApprovalRule = bool | Callable[[dict[str, Any], "RunContext"], bool]
 

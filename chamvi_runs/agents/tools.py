@@ -14,7 +14,7 @@ from typing import Any, get_type_hints, overload
 import pydantic
 import pydantic_core
 
-from .errors import ToolArgumentsError
+from ..errors import ToolArgumentsError
 
 
 @dataclass(frozen=True)

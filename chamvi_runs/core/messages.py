@@ -72,3 +72,13 @@ def last_assistant_text(messages: list[Message]) -> str:
         if message.get("role") == "assistant":
             return message.get("content") or ""
     return ""
+
+
+def last_assistant(messages: list[Message]) -> Message:
+    return next((m for m in reversed(messages) if m.get("role") == "assistant"), {})
+
+
+def input_message(payload: Any) -> Message:
+    """A steering input as the user message the model gets: text as is, other JSON encoded."""
+    text = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    return {"role": "user", "content": text}

@@ -39,14 +39,17 @@ TRANSITIONS: dict[Status, frozenset[Status]] = {
 
 TERMINAL = frozenset(s for s, targets in TRANSITIONS.items() if not targets)
 ACTIVE = frozenset(Status) - TERMINAL
-# Statuses a worker may claim: a running run is claimable once its lease is free
-# (released after a decision, or expired after a crash).
-CLAIMABLE = frozenset({Status.QUEUED, Status.RUNNING, Status.INTERRUPTED})
 
 
 def sources_of(target: Status) -> frozenset[Status]:
     """Every status from which ``target`` may be reached."""
     return frozenset(s for s, targets in TRANSITIONS.items() if target in targets)
+
+
+# Statuses a worker may claim. A waiting run is not among them: a decision makes it running. A
+# running run is, once its lease is free (released after a decision, or expired after a crash);
+# claiming it is no transition: its status stays, its claim changes hands.
+CLAIMABLE = frozenset({Status.QUEUED, Status.RUNNING, Status.INTERRUPTED})
 
 
 def can_transition(current: Status, target: Status) -> bool:

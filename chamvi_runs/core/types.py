@@ -1,11 +1,12 @@
-"""Value types and the protocols the engine talks to."""
+"""Value types of the tool loop: messages, usage, tool calls, a model request and its turn, the
+abort signal. The protocols the runtime talks to are in ``ports``."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 Message = dict[str, Any]
 """One Chat Completions message, stored as is in checkpoints."""
@@ -118,15 +119,3 @@ class AbortSignal:
                     self._callbacks.remove(callback)
 
         return unsubscribe
-
-
-class Model(Protocol):
-    """A streaming Chat Completions model."""
-
-    def stream(self, request: ModelRequest, on_delta: OnDelta, abort: AbortSignal) -> ModelTurn:
-        """Stream one completion. Errors are returned in ``ModelTurn.error``; an abort raises ``Aborted``."""
-        ...
-
-
-class Broadcaster(Protocol):
-    def publish(self, run_id: str, event: dict[str, Any]) -> None: ...

@@ -10,10 +10,10 @@ from typing import Any
 
 from django.core.files.base import ContentFile, File
 
-from .core.messages import ARTIFACT_SCHEME
-from .core.types import Message
-from .errors import ArtifactNotFound
-from .models import Artifact
+from ..core.messages import ARTIFACT_SCHEME
+from ..core.types import Message
+from ..errors import ArtifactNotFound
+from ..models import Artifact
 
 
 def save_artifact(content: bytes | File, filename: str, media_type: str | None = None) -> Artifact:

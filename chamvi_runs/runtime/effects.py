@@ -14,14 +14,14 @@ from typing import Any
 
 from django.db import transaction
 
-from . import store
-from .agent import RunContext
-from .core.nul import without_nul
-from .errors import LeaseLostError
-from .faults import crash_point
-from .models import EffectRecord
-from .store import Claim
-from .tools import Tool, to_jsonable
+from .. import store
+from ..agents.agent import RunContext
+from ..agents.tools import Tool, to_jsonable
+from ..core.faults import crash_point
+from ..core.nul import without_nul
+from ..core.records import Claim
+from ..errors import LeaseLostError
+from ..models import EffectRecord
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +30,9 @@ def run_effect(claim: Claim, tool: Tool, ctx: RunContext, arguments: dict[str, A
     key = ctx.idempotency_key
     assert key is not None
     with transaction.atomic():
-        record = store.effect_record(claim, key)
+        if not store.lock_for_effect(claim):
+            raise LeaseLostError(f"run {claim.run_id}: claim lost before an effect tool")
+        record = store.effect_record(claim.run_id, key)
         if record is not None:
             if record.input != without_nul(to_jsonable(arguments)):
                 return None, _already_ran(tool.name, record)

@@ -1,9 +1,10 @@
 """One execution of a run (SPEC §5): claim, load the start point, loop model -> tools -> save, settle.
-The tool half of a step lives in ``tool_phase``.
 
-The engine never saves a status itself: every write goes through ``store``, fenced by the claim.
-No database transaction or row lock is held during a model call or a tool call, except the
-transaction that records an effect tool together with its Django writes (see ``effects``).
+The engine interprets the decisions of ``core.decisions`` and carries them out: it reads and
+writes run state only through the store (``core.ports.Store``), runs a model call's tools through
+``tool_calls.ToolCalls``, and announces what happened on signals and the broadcaster. No database
+transaction or row lock is held during a model call or a tool call, except the transaction that
+records an effect tool together with its Django writes (see ``effects``).
 """
 
 from __future__ import annotations
@@ -14,44 +15,47 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 from django.db import InterfaceError, OperationalError, close_old_connections
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from . import queries, signals, store
-from .agent import Agent, RunContext, registry
+from .. import signals, store
+from ..agents.agent import Agent, RunContext, registry
+from ..agents.tools import Tool
+from ..conf import conf
+from ..core import decisions
+from ..core.decisions import ABANDON, FINISH, Marker, Settle, Turn
+from ..core.faults import crash_point
+from ..core.messages import input_message, last_assistant, open_tool_calls
+from ..core.ports import Broadcaster, Model, Store
+from ..core.records import Claim, StepRecord, llm_step_output
+from ..core.states import TERMINAL, ErrorCode, Status
+from ..core.types import NO_USAGE, Aborted, AbortSignal, Message, ModelRequest, ModelTurn, Usage
+from ..errors import AgentNotFound, ArtifactNotFound, LeaseLostError
+from ..models import Run
+from ..streaming.broadcast import ChannelsBroadcaster
+from ..streaming.serializers import decision_json
 from .artifacts import ArtifactReader
-from .broadcast import ChannelsBroadcaster
-from .conf import conf
-from .core.messages import open_tool_calls, trigger_message
-from .core.states import TERMINAL, ErrorCode, Status
-from .core.types import (
-    NO_USAGE,
-    Aborted,
-    AbortSignal,
-    Message,
-    Model,
-    ModelRequest,
-    ModelTurn,
-    Usage,
-)
-from .errors import AgentNotFound, ArtifactNotFound, LeaseLostError
-from .faults import crash_point
-from .lease import LeaseKeeper
+from .lease_keeper import LeaseKeeper
 from .lifecycle import announce_settled
-from .models import Checkpoint, Run, Step
-from .policy import policy
-from .serializers import decision_json
-from .store import Claim, StepRecord
-from .tool_phase import CLOSED_BY, Settled, ToolPhase
-from .tools import Tool
+from .notifications import notify
+from .start_point import start_point
+from .tool_calls import Answered, ToolCalls
 
 logger = logging.getLogger(__name__)
 
-# How many settled runs of a thread are looked at, newest first, for one its creator may view.
-HISTORY_CANDIDATES = 50
+STORE: Store = store
+"""The Django store, checked against the port by mypy."""
+
+
+class Settled(Exception):
+    """Internal: the execution has written its final status (or its wait)."""
+
+    def __init__(self, status: str) -> None:
+        self.status = status
 
 
 def worker_identity() -> str:
@@ -59,27 +63,29 @@ def worker_identity() -> str:
 
 
 def model() -> Model:
-    return import_string(conf.MODEL)()
+    factory: Callable[[], Model] = import_string(conf.MODEL)
+    return factory()
 
 
 def execute(run_id: str, *, shutdown: AbortSignal | None = None, owner: str | None = None) -> str | None:
     """Claim ``run_id`` and execute it until it settles, waits or is aborted. Returns the status the
     execution left, or None when the run could not be claimed (a duplicate job is harmless)."""
     close_old_connections()
-    claim = store.claim(run_id, owner or worker_identity(), float(conf.LEASE_SECONDS))
+    claim = STORE.claim(run_id, owner or worker_identity(), conf.LEASE_SECONDS)
     if claim is None:
         return None
     crash_point("after_claim")
     return Execution(claim, shutdown).run()
 
 
-class Execution(ToolPhase):
-    def __init__(self, claim: Claim, shutdown: AbortSignal | None) -> None:
+class Execution:
+    def __init__(self, claim: Claim, shutdown: AbortSignal | None, db: Store = STORE) -> None:
         self.claim = claim
+        self.db = db
         self.abort = AbortSignal()
         self.shutdown = shutdown
-        self.run_row = Run.objects.get(pk=claim.run_id)
-        self.broadcaster = ChannelsBroadcaster(self.run_row.thread)
+        self.run_row: Run = db.run(claim.run_id)
+        self.broadcaster: Broadcaster = ChannelsBroadcaster(self.run_row.thread)
         self.artifacts = ArtifactReader()
         self.invalid_streak = 0
         # Budgets count across executions: start from what earlier ones used.
@@ -92,28 +98,15 @@ class Execution(ToolPhase):
         unsubscribe = self.shutdown.on_set(lambda: self.abort.set("drain")) if self.shutdown else None
         keeper: LeaseKeeper | None = None
         try:
-            if self.claim.cancel_requested:
-                # Requested while the run was between executions (or a wait was opening): it wins.
-                self.settle(Status.CANCELLED, close=CLOSED_BY["cancel"])
-            if self.claim.stalled >= int(conf.MAX_ATTEMPTS):
-                self.settle(
-                    Status.FAILED,
-                    error=(
-                        ErrorCode.TOO_MANY_ATTEMPTS,
-                        f"{self.claim.stalled} executions in a row ended without saving a step "
-                        "(their worker died: a tool that crashes or exhausts the process?)",
-                    ),
-                    close=CLOSED_BY["failed"],
-                )
+            self.carry_out(decisions.on_claim(self.claim, conf.MAX_ATTEMPTS))
             try:
                 agent = registry.get(self.run_row.agent)
             except AgentNotFound as exc:
-                return self.settle(Status.FAILED, error=(ErrorCode.AGENT_NOT_FOUND, str(exc)))
-            deadline = agent.budget.deadline(time.monotonic())
-            keeper = LeaseKeeper(self.claim, self.abort, deadline)
+                self.settle(Settle(Status.FAILED, (ErrorCode.AGENT_NOT_FOUND, str(exc))))
+            keeper = LeaseKeeper(self.claim, self.abort, agent.budget.deadline(time.monotonic()), self.db)
             keeper.start()
             if self.claim.resumed:
-                decided = queries.resumed_decision(self.claim.run_id)
+                decided = self.db.resumed_decision(self.claim.run_id)
                 extra = {"decision": decision_json(decided)} if decided is not None else {}
                 self.emit("run.resume", status=Status.RUNNING, **extra)
             else:
@@ -121,7 +114,7 @@ class Execution(ToolPhase):
             signals.run_started.send(
                 Run, run=self.run_row, resumed=self.claim.resumed, attempt=self.claim.attempt
             )
-            return self.loop(agent)
+            self.loop(agent)
         except Settled as settled:
             return settled.status
         except LeaseLostError as exc:
@@ -140,7 +133,7 @@ class Execution(ToolPhase):
             # Viewers get a stable code and a message without internals; the log has the traceback.
             message = f"an internal error stopped the run ({type(exc).__name__}); the worker log has details"
             try:
-                return self.settle(Status.FAILED, error=(ErrorCode.INTERNAL_ERROR, message))
+                self.settle(Settle(Status.FAILED, (ErrorCode.INTERNAL_ERROR, message)))
             except Settled as settled:
                 return settled.status
             except Exception:
@@ -153,131 +146,118 @@ class Execution(ToolPhase):
             if unsubscribe:
                 unsubscribe()
             self.broadcaster.flush()
+        raise AssertionError("an execution ends by settling, waiting or losing its claim")
 
     def emit(self, type_: str, **fields: Any) -> None:
         self.broadcaster.publish(self.claim.run_id, {"type": type_, **fields})
 
-    def settle(
-        self,
-        status: Status,
-        *,
-        output: Any = None,
-        error: tuple[str, str] | None = None,
-        close: str | None = None,
-    ) -> str:
-        code, message = error or ("", "")
+    def carry_out(self, decision: Settle | Marker | None, output: Any = None) -> None:
+        """Carry out a decision of ``core.decisions``: None goes on; anything else ends the execution."""
+        if decision is None:
+            return
+        if decision is ABANDON:
+            raise LeaseLostError(f"run {self.claim.run_id}: lease lost")
+        assert isinstance(decision, Settle)
+        self.settle(decision, output)
+
+    def settle(self, decision: Settle, output: Any = None) -> NoReturn:
+        code, message = decision.error or ("", "")
         crash_point("before_settle")
-        try:
-            settled = store.settle(
-                self.claim, status, output=output, error_code=code, error_message=message, close_history=close
-            )
-        except store.CancelRequested:
+        status = decision.status
+        settled = self.db.settle(
+            self.claim,
+            status,
+            output=output,
+            error_code=code,
+            error_message=message,
+            close_history=decision.close,
+        )
+        if not settled and status not in TERMINAL:
+            # Refused: a requested cancel wins over ``interrupted`` (or the claim is lost, and the
+            # cancel is refused too).
             status = Status.CANCELLED
-            settled = store.settle(self.claim, status, close_history=CLOSED_BY["cancel"])
+            settled = self.db.settle(self.claim, status, close_history=decisions.CLOSED_BY["cancel"])
         if not settled:
             raise LeaseLostError(f"run {self.claim.run_id}: claim lost before settling")
         announce_settled(self.claim.run_id, self.broadcaster)
         raise Settled(status)
 
+    def finish(self, agent: Agent, text: str) -> NoReturn:
+        try:
+            output = agent.parse_output(text)
+        except ValueError as exc:
+            self.settle(Settle(Status.FAILED, (ErrorCode.INVALID_OUTPUT, str(exc))))
+        self.settle(Settle(Status.COMPLETED), output)
+
     def stop_if_aborted(self) -> None:
-        reason = self.abort.reason if self.abort.is_set() else None
-        if reason is None:
-            return
-        if reason == "lease_lost":
-            raise LeaseLostError(f"run {self.claim.run_id}: lease lost")
-        if reason == "drain":
-            self.settle(Status.INTERRUPTED)
-        if reason == "timeout":
-            self.settle(
-                Status.FAILED,
-                error=(ErrorCode.TIMEOUT, "the execution ran out of time"),
-                close=CLOSED_BY["timeout"],
-            )
-        self.settle(Status.CANCELLED, close=CLOSED_BY["cancel"])
+        self.carry_out(decisions.on_abort(self.abort.reason if self.abort.is_set() else None))
 
     # --- the loop ----------------------------------------------------------------------------
 
-    def start_point(self) -> tuple[list[Message], int]:
-        checkpoint = Checkpoint.objects.filter(run_id=self.claim.run_id).first()
-        if checkpoint is not None:
-            return list(checkpoint.messages), checkpoint.step_index + 1
-        trigger = self.run_row.trigger
-        history = self.thread_history() if self.run_row.thread else []
-        first = trigger_message(
-            trigger.get("source", "api"),
-            trigger.get("trigger", "api"),
-            trigger.get("payload"),
-            trigger.get("attachments"),
-        )
-        return [*history, first], 0
-
-    def thread_history(self) -> list[Message]:
-        """The latest settled history of the thread that this run's creator may view: a run never
-        receives a conversation its creator could not read (SPEC §3)."""
-        creator = self.run_row.created_by
-        earlier = (
-            Checkpoint.objects.filter(
-                run__thread=self.run_row.thread,
-                run__status__in=[s.value for s in TERMINAL],
-                run__created_at__lt=self.run_row.created_at,
-            )
-            .select_related("run")
-            .order_by("-run__created_at")
-        )
-        if creator is None:
-            earlier = earlier.filter(run__created_by__isnull=True)
-        for checkpoint in earlier[:HISTORY_CANDIDATES]:
-            if creator is None or policy().can_view(creator, checkpoint.run):
-                return list(checkpoint.messages)
-        return []
-
-    def loop(self, agent: Agent) -> str:
+    def loop(self, agent: Agent) -> NoReturn:
         ctx = RunContext(run=self.run_row, agent=agent, abort=self.abort)
-        messages, index = self.start_point()
+        messages, index = start_point(self.db, self.run_row)
         tools = agent.assemble_tools(ctx)
+        calls = ToolCalls(self.claim, self.abort, self.run_row, agent, tools, self.emit)
         if open_tool_calls(messages):
-            messages, index = self.resume_calls(agent, tools, messages, index)
+            messages, index = self.resume_calls(agent, calls, messages, index)
         elif index > 0:
             self.settle_saved_ending(agent, messages)
         while True:
             self.stop_if_aborted()
-            if agent.budget.steps_exhausted(self.model_calls):
-                self.fail_budget(f"max_steps={agent.budget.max_steps} model calls used")
-            if agent.budget.tokens_exhausted(self.tokens):
-                self.fail_budget(f"max_tokens={agent.budget.max_tokens} tokens used")
-            inputs = queries.pending_inputs(self.claim.run_id)
+            self.carry_out(decisions.budget_gate(agent.budget, self.model_calls, self.tokens))
+            inputs = self.db.pending_inputs(self.claim.run_id)
             for item in inputs:
-                messages.append({"role": "user", "content": _input_text(item.payload)})
+                messages.append(input_message(item.payload))
                 # Shown where the model takes it: before the call of step ``index``. An aborted call
                 # saves nothing, and the next execution announces the same input again.
                 self.emit("input", step=index, input_id=item.pk, payload=item.payload)
-            messages, index = self.model_step(agent, ctx, tools, messages, index, [i.pk for i in inputs])
+            messages, index = self.model_step(agent, ctx, calls, messages, index, [i.pk for i in inputs])
 
     def settle_saved_ending(self, agent: Agent, messages: list[Message]) -> None:
-        """An earlier execution saved a step that ended the run, then died before settling: settle
-        as it would have, without calling the model again (its step is not the one in flight)."""
-        if (
-            not messages
-            or messages[-1].get("role") != "assistant"
-            or queries.pending_inputs(self.claim.run_id)
-        ):
-            return
-        last = Step.objects.filter(run_id=self.claim.run_id, kind="llm").order_by("-index").first()
-        if last is None:
-            return
-        finish = (last.output or {}).get("finish_reason")
-        if finish == "error":
-            self.settle(Status.FAILED, error=(ErrorCode.MODEL_ERROR, last.error))
-        if finish is None:
-            self.settle(Status.FAILED, error=(ErrorCode.INCOMPLETE_RESPONSE, last.error))
-        try:
-            output = agent.parse_output(messages[-1].get("content") or "")
-        except ValueError as exc:
-            self.settle(Status.FAILED, error=(ErrorCode.INVALID_OUTPUT, str(exc)))
-        self.settle(Status.COMPLETED, output=output)
+        """An earlier execution saved a step that ended the run, then died before settling."""
+        last = self.db.last_model_step(self.claim.run_id)
+        decision = decisions.saved_ending(
+            messages[-1].get("role") if messages else None,
+            bool(self.db.pending_inputs(self.claim.run_id)),
+            (last.output or {}).get("finish_reason") if last is not None else None,
+            last.error if last is not None else "",
+            last is not None,
+        )
+        if decision is FINISH:
+            self.finish(agent, messages[-1].get("content") or "")
+        self.carry_out(decision)
 
-    def fail_budget(self, detail: str) -> None:
-        self.settle(Status.FAILED, error=(ErrorCode.BUDGET_EXCEEDED, detail), close=CLOSED_BY["failed"])
+    def resume_calls(
+        self, agent: Agent, calls: ToolCalls, messages: list[Message], index: int
+    ) -> tuple[list[Message], int]:
+        """The checkpoint ends on tool calls without results: an approval was asked for. Undecided:
+        back to waiting, no model call. Decided: the approved call runs, then the calls after it."""
+        last = self.db.last_model_step(self.claim.run_id, before=index)
+        llm_index = last.index if last is not None else 0
+        open_calls = open_tool_calls(messages)
+        # Calls are answered in order: the open ones are the last of their model call's calls.
+        first_position = len(last_assistant(messages).get("tool_calls") or []) - len(open_calls)
+        waitpoint = self.db.waitpoint_at(self.claim.run_id, llm_index, first_position)
+        if waitpoint is not None and waitpoint.decision is None:
+            if not self.db.back_to_waiting(self.claim):
+                self.settle(decisions.on_refused_wait())
+            raise Settled(Status.WAITING)
+        answered = calls.answer(
+            open_calls,
+            messages,
+            [],
+            llm_index=llm_index,
+            first_position=first_position,
+            next_index=index,
+            approved=self.db.approved_calls(self.claim.run_id, llm_index),
+        )
+        if answered.approval is not None:
+            self.open_wait(agent, answered, usage=NO_USAGE, inputs=())
+        if answered.steps:
+            self.save(answered.steps, answered.messages)
+            return answered.messages, answered.steps[-1].index + 1
+        return answered.messages, index
 
     def request(
         self, agent: Agent, ctx: RunContext, tools: dict[str, Tool], messages: list[Message]
@@ -287,7 +267,7 @@ class Execution(ToolPhase):
             hydrated = self.artifacts.hydrate(messages)
         except ArtifactNotFound as exc:
             self.settle(
-                Status.FAILED, error=(ErrorCode.ARTIFACT_NOT_FOUND, str(exc)), close=CLOSED_BY["failed"]
+                Settle(Status.FAILED, (ErrorCode.ARTIFACT_NOT_FOUND, str(exc)), decisions.CLOSED_BY["failed"])
             )
         prefix: list[Message] = [{"role": "system", "content": system}] if system else []
         return ModelRequest(
@@ -301,15 +281,15 @@ class Execution(ToolPhase):
         self,
         agent: Agent,
         ctx: RunContext,
-        tools: dict[str, Tool],
+        calls: ToolCalls,
         messages: list[Message],
         index: int,
         inputs: list[str],
     ) -> tuple[list[Message], int]:
-        request = self.request(agent, ctx, tools, messages)
+        request = self.request(agent, ctx, calls.tools, messages)
         attempt = self.claim.attempt
         # Counted before it is made: a call whose execution dies unsaved still uses the budget.
-        if not store.count_model_call(self.claim):
+        if not self.db.count_model_call(self.claim):
             raise LeaseLostError(f"run {self.claim.run_id}: claim lost before a model call")
         self.model_calls += 1
         started = timezone.now()
@@ -329,89 +309,112 @@ class Execution(ToolPhase):
             self.stop_if_aborted()
             raise
         self.tokens += turn.usage.total
-        finish = turn.finish_reason if turn.error is None else "error"
+        finish = decisions.finish_reason(turn)
         llm = StepRecord(
             index=index,
             kind="llm",
             name=agent.model,
             started_at=started,
             input={"messages": len(request.messages), "inputs": inputs},
-            output=_turn_output(turn, finish),
+            output=llm_step_output(turn, finish),
             error=turn.error or "",
         )
-        if turn.error is not None or turn.finish_reason is None:
-            return self.fail_turn(turn, llm, messages, inputs)
+        kind = decisions.classify(turn)
+        if kind is Turn.BROKEN:
+            self.fail_turn(turn, llm, messages, inputs)
         self.emit("step.end", step=index, attempt=attempt, finish_reason=finish)
-        if turn.tool_calls:
+        messages = [*messages, turn.assistant_message()]
+        if kind is Turn.TOOLS:
             # The lease keeper checks only every heartbeat: a worker that froze during the stream
             # learns here, before any tool runs, that another worker may hold the run now. The
             # call's usage is recorded with it: a tool that kills the worker must not make the
             # repeated call free.
-            if not store.renew(self.claim, float(conf.LEASE_SECONDS), usage=turn.usage):
+            if not self.db.renew(self.claim, conf.LEASE_SECONDS, usage=turn.usage):
                 raise LeaseLostError(f"run {self.claim.run_id}: lease lost before running tools")
-            messages = [*messages, turn.assistant_message()]
-            steps = [llm]
-            calls = [c.as_message_part() for c in turn.tool_calls]
-            messages, steps = self.answer_calls(
-                agent, tools, calls, messages, steps, llm_index=index, inputs=inputs
-            )
-            self.save_model_step(steps, messages, NO_USAGE, inputs)
-            self.after_tools(agent, steps)
-            return messages, steps[-1].index + 1
-        messages = [*messages, turn.assistant_message()]
-        self.save_model_step([llm], messages, turn.usage, inputs)
-        if queries.pending_inputs(self.claim.run_id):
+            parts = [c.as_message_part() for c in turn.tool_calls]
+            answered = calls.answer(parts, messages, [llm], llm_index=index)
+            if answered.approval is not None:
+                self.open_wait(agent, answered, usage=NO_USAGE, inputs=inputs)
+            self.save(answered.steps, answered.messages, inputs=inputs)
+            self.invalid_streak = decisions.invalid_streak(self.invalid_streak, answered.steps)
+            self.carry_out(decisions.streak_gate(self.invalid_streak, conf.MAX_INVALID_TOOL_CALLS))
+            return answered.messages, answered.steps[-1].index + 1
+        self.save([llm], messages, usage=turn.usage, inputs=inputs)
+        if self.db.pending_inputs(self.claim.run_id):
             # Input arrived while the model answered: it gets another turn to take it into account.
             return messages, index + 1
-        try:
-            output = agent.parse_output(turn.text)
-        except ValueError as exc:
-            self.settle(Status.FAILED, error=(ErrorCode.INVALID_OUTPUT, str(exc)))
-        self.settle(Status.COMPLETED, output=output)
-        raise AssertionError("unreachable")
+        self.finish(agent, turn.text)
 
-    def save_model_step(
-        self, steps: list[StepRecord], messages: list[Message], usage: Usage, inputs: list[str]
+    def save(
+        self,
+        steps: list[StepRecord],
+        messages: list[Message],
+        *,
+        usage: Usage = NO_USAGE,
+        inputs: Sequence[str] = (),
     ) -> None:
         """Steps, checkpoint and (unless already recorded) usage of one model call, in one
         transaction. The budget counters are kept in memory: this execution is the run's only
         writer while it holds the claim."""
-        finish = steps[0].output["finish_reason"]  # steps[0] is the model call's llm step
-        store.save_step(
-            self.claim, steps, messages, finish_reason=finish or "", usage=usage, consumed_inputs=inputs
-        )
+        llm = (steps[0].output or {}) if steps[0].kind == "llm" else {}
+        if not self.db.save_step(
+            self.claim,
+            steps,
+            messages,
+            finish_reason=llm.get("finish_reason") or "",
+            usage=usage,
+            consumed_inputs=inputs,
+        ):
+            raise LeaseLostError(f"run {self.claim.run_id}: claim lost before saving steps")
         signals.step_saved.send(Run, run_id=self.claim.run_id, steps=steps)
 
-    def fail_turn(self, turn: ModelTurn, llm: StepRecord, messages: list[Message], inputs: list[str]) -> Any:
+    def open_wait(self, agent: Agent, answered: Answered, *, usage: Usage, inputs: Sequence[str]) -> NoReturn:
+        """A call needs approval: its wait step, the steps so far and the wait point, at once."""
+        approval = answered.approval
+        assert approval is not None
+        steps, messages = answered.steps, answered.messages
+        waitpoint = self.db.open_wait(
+            self.claim,
+            [*steps, approval.wait],
+            messages,
+            call=approval.call,
+            tool_name=approval.name,
+            tool_input=approval.arguments,
+            ttl=agent.approval_ttl or conf.APPROVAL_TTL,
+            usage=usage,
+            consumed_inputs=inputs,
+        )
+        if waitpoint is None:
+            # The cancel came while the model answered: it wins over the wait. What the step did
+            # is kept, and the open calls are answered as cancelled.
+            if steps:
+                self.save(steps, messages, usage=usage, inputs=inputs)
+            self.settle(decisions.on_refused_wait())
+        signals.step_saved.send(Run, run_id=self.claim.run_id, steps=[*steps, approval.wait])
+        self.emit(
+            "run.waiting",
+            approval_id=waitpoint.approval_id,
+            tool_name=approval.name,
+            input=waitpoint.input,
+            expires_at=waitpoint.expires_at.isoformat(),
+        )
+        run = self.db.run(self.claim.run_id)
+        signals.run_waiting.send(Run, run=run, waitpoint=waitpoint)
+        notify(agent, run, waitpoint)
+        raise Settled(Status.WAITING)
+
+    def fail_turn(
+        self, turn: ModelTurn, llm: StepRecord, messages: list[Message], inputs: list[str]
+    ) -> NoReturn:
         # The text so far is kept; tool calls of a broken turn never run.
-        if turn.error is None:
-            llm.error = "the stream ended without a finish reason"
-            code, detail = ErrorCode.INCOMPLETE_RESPONSE, llm.error
-        else:
-            code, detail = ErrorCode.MODEL_ERROR, turn.error
-        self.save_model_step(
-            [llm], [*messages, turn.assistant_message(with_tool_calls=False)], turn.usage, inputs
+        llm.error, decision = decisions.broken(turn)
+        self.save(
+            [llm], [*messages, turn.assistant_message(with_tool_calls=False)], usage=turn.usage, inputs=inputs
         )
         self.emit(
             "step.end", step=llm.index, attempt=self.claim.attempt, finish_reason=llm.output["finish_reason"]
         )
-        self.settle(Status.FAILED, error=(code, detail))
+        self.settle(decision)
 
 
-def _turn_output(turn: ModelTurn, finish: str | None) -> dict[str, Any]:
-    return {
-        "text": turn.text,
-        "reasoning": turn.reasoning,
-        "tool_calls": [c.as_message_part() for c in turn.tool_calls],
-        "finish_reason": finish,
-        "usage": {"input_tokens": turn.usage.input_tokens, "output_tokens": turn.usage.output_tokens},
-    }
-
-
-def _input_text(payload: Any) -> str:
-    import json
-
-    return payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
-
-
-__all__ = ["Execution", "execute", "worker_identity"]
+__all__ = ["Execution", "Settled", "execute", "worker_identity"]

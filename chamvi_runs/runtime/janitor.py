@@ -6,13 +6,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from . import queries, store
-from .agent import registry
-from .conf import conf
-from .errors import AgentNotFound, DecisionRefused
-from .executors import enqueue, waiting_jobs
+from .. import store
+from ..agents.agent import registry
+from ..conf import conf
+from ..dispatch.doorbell import enqueue, waiting_jobs
+from ..errors import AgentNotFound, DecisionRefused
+from ..models import WaitPoint
+from ..store import queries
 from .lifecycle import announce_settled
-from .models import WaitPoint
 from .notifications import notify
 
 logger = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ def tick_once() -> TickReport:
     report = TickReport()
     # The database is the truth; the queue is only a doorbell that may have been lost.
     waiting = waiting_jobs()
-    for run_id in queries.runs_to_enqueue(stale_after_seconds=float(conf.LEASE_SECONDS)):
+    for run_id in queries.runs_to_enqueue(stale_after_seconds=conf.LEASE_SECONDS):
         if run_id not in waiting:
             enqueue(run_id)
             report.enqueued += 1

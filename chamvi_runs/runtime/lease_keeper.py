@@ -1,5 +1,6 @@
 """The lease keeper: a thread beside each execution that renews its lease, polls for cancellation
-and watches the execution's deadline, setting the execution's abort signal when any of them says stop."""
+and watches the execution's deadline, setting the execution's abort signal when any of them says
+stop. When to do what is ``core.lease.LeaseClock``'s arithmetic."""
 
 from __future__ import annotations
 
@@ -9,20 +10,22 @@ import time
 
 from django.db import connection
 
-from . import queries, store
-from .conf import conf
-from .core.types import AbortSignal
-from .store import Claim
+from ..conf import conf
+from ..core.lease import LeaseClock
+from ..core.ports import Store
+from ..core.records import Claim
+from ..core.types import AbortSignal
 
 logger = logging.getLogger(__name__)
 
 
 class LeaseKeeper(threading.Thread):
-    def __init__(self, claim: Claim, abort: AbortSignal, deadline: float | None) -> None:
+    def __init__(self, claim: Claim, abort: AbortSignal, deadline: float | None, db: Store) -> None:
         super().__init__(name=f"chamvi-lease-{claim.run_id}", daemon=True)
         self.claim = claim
         self.abort = abort
         self.deadline = deadline
+        self.db = db
         self._stop_event = threading.Event()
 
     def stop(self) -> None:
@@ -31,29 +34,30 @@ class LeaseKeeper(threading.Thread):
             self.join(timeout=5)
 
     def run(self) -> None:
-        lease = float(conf.LEASE_SECONDS)
-        heartbeat = float(conf.HEARTBEAT_SECONDS)
-        poll = min(float(conf.CANCEL_POLL_SECONDS), heartbeat)
-        renewed_at = time.monotonic()
+        clock = LeaseClock(
+            lease=conf.LEASE_SECONDS,
+            heartbeat=conf.HEARTBEAT_SECONDS,
+            cancel_poll=conf.CANCEL_POLL_SECONDS,
+            deadline=self.deadline,
+            renewed_at=time.monotonic(),
+        )
         try:
-            while not self._stop_event.wait(poll):
+            while not self._stop_event.wait(clock.poll):
                 now = time.monotonic()
-                if self.deadline is not None and now >= self.deadline:
+                if clock.timed_out(now):
                     self.abort.set("timeout")
                 try:
-                    if queries.cancel_requested(self.claim.run_id):
+                    if self.db.cancel_requested(self.claim.run_id):
                         self.abort.set("cancel")
-                    if now - renewed_at >= heartbeat:
-                        if not store.renew(self.claim, lease):
+                    if clock.renew_due(now):
+                        if not self.db.renew(self.claim, clock.lease):
                             self.abort.set("lease_lost")
                             return
-                        renewed_at = time.monotonic()
+                        clock.renewed(time.monotonic())
                 except Exception:
                     logger.warning("lease renewal of run %s failed", self.claim.run_id, exc_info=True)
                     connection.close()
-                    # Stop before the lease can run out under us: past that point another worker
-                    # may hold the run, and our writes would be refused anyway.
-                    if time.monotonic() - renewed_at > lease * 0.8:
+                    if clock.must_give_up(time.monotonic()):
                         self.abort.set("lease_lost")
                         return
         finally:

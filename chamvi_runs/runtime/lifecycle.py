@@ -3,16 +3,17 @@ event, the ``run_settled`` signal, and the doorbell for whoever runs next."""
 
 from __future__ import annotations
 
-from . import signals
-from .broadcast import ChannelsBroadcaster
-from .core.states import TERMINAL, Status
-from .executors import enqueue, enqueue_next_in_line
-from .models import Run
-from .serializers import run_end_event
+from .. import signals, store
+from ..core.ports import Broadcaster
+from ..core.states import TERMINAL, Status
+from ..dispatch.doorbell import enqueue, enqueue_next_in_line
+from ..models import Run
+from ..streaming.broadcast import ChannelsBroadcaster
+from ..streaming.serializers import run_end_event
 
 
-def announce_settled(run_id: str, broadcaster: ChannelsBroadcaster | None = None) -> Run:
-    run = Run.objects.get(pk=run_id)
+def announce_settled(run_id: str, broadcaster: Broadcaster | None = None) -> Run:
+    run = store.run(run_id)
     broadcaster = broadcaster or ChannelsBroadcaster(run.thread)
     if run.status in TERMINAL:
         broadcaster.publish(run.pk, run_end_event(run))

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 
-from . import store
-from .agent import Agent
-from .models import Run, WaitPoint
+from .. import store
+from ..agents.agent import Agent
+from ..models import Run, WaitPoint
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +25,10 @@ def notify(agent: Agent, run: Run, waitpoint: WaitPoint, *, resend: bool = False
     if not store.take_notification(waitpoint):
         return False
     if resend or waitpoint.token is None:
-        waitpoint.token = store.reissue_token(waitpoint)
+        token = store.reissue_token(waitpoint)
+        if token is None:
+            return False  # decided meanwhile: nobody needs telling
+        waitpoint.token = token
     try:
         agent.notifier(run, waitpoint)
     except Exception:

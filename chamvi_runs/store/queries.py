@@ -1,4 +1,5 @@
-"""Read-only selections of run state, for executions and the janitor. Writes live in ``store``."""
+"""Read-only selections of run state, for executions, the janitor and the pages. Writes live in the
+other modules of ``store``."""
 
 from __future__ import annotations
 
@@ -8,9 +9,58 @@ from typing import Any
 from django.db.models import DateTimeField, Exists, ExpressionWrapper, OuterRef, Q, QuerySet, Value
 from django.db.models.functions import Now
 
-from .core.states import Status
-from .models import Run, RunInput, Step, WaitPoint
-from .store import waits_for_elder
+from ..core.states import TERMINAL, Status
+from ..core.types import Message
+from ..models import Checkpoint, Run, RunInput, Step, WaitPoint
+from .fence import waits_for_elder
+
+
+def run(run_id: str) -> Run:
+    return Run.objects.get(pk=run_id)
+
+
+def checkpoint(run_id: str) -> tuple[list[Message], int] | None:
+    """The run's checkpoint: its messages and the index of the step it was taken after."""
+    row = Checkpoint.objects.filter(run_id=run_id).only("messages", "step_index").first()
+    return None if row is None else (list(row.messages), row.step_index)
+
+
+def earlier_thread_histories(run: Run, limit: int) -> list[tuple[Run, list[Message]]]:
+    """The settled runs of ``run``'s thread created before it (newest first, at most ``limit``) with
+    their final histories; only runs without a creator when ``run`` has none."""
+    earlier = (
+        Checkpoint.objects.filter(
+            run__thread=run.thread,
+            run__status__in=[s.value for s in TERMINAL],
+            run__created_at__lt=run.created_at,
+        )
+        .select_related("run")
+        .order_by("-run__created_at")
+    )
+    if run.created_by_id is None:
+        earlier = earlier.filter(run__created_by__isnull=True)
+    return [(c.run, list(c.messages)) for c in earlier[:limit]]
+
+
+def last_model_step(run_id: str, before: int | None = None) -> Step | None:
+    """The run's latest ``llm`` step (before index ``before``, if given)."""
+    steps = Step.objects.filter(run_id=run_id, kind=Step.Kind.LLM)
+    if before is not None:
+        steps = steps.filter(index__lt=before)
+    return steps.order_by("-index").first()
+
+
+def waitpoint_at(run_id: str, model_step: int, position: int) -> WaitPoint | None:
+    """The wait point of one tool call, by its place."""
+    return WaitPoint.objects.filter(run_id=run_id, model_step=model_step, call_position=position).first()
+
+
+def approved_calls(run_id: str, model_step: int) -> dict[int, str]:
+    """Position -> arguments hash of the calls of one model call that were approved."""
+    approved = WaitPoint.objects.filter(
+        run_id=run_id, model_step=model_step, decision=WaitPoint.Decision.APPROVED
+    ).values_list("call_position", "arguments_hash")
+    return dict(approved)
 
 
 def cancel_requested(run_id: str) -> bool:

@@ -90,6 +90,8 @@ class Publisher:
                     await layer.group_send(group, message)
             except Exception:
                 logger.warning("could not broadcast to %s", group, exc_info=True)
+            finally:
+                queue.task_done()
 
     def send(self, group: str, message: dict[str, Any]) -> None:
         loop = self._ensure()
@@ -97,19 +99,21 @@ class Publisher:
         assert queue is not None
         loop.call_soon_threadsafe(queue.put_nowait, (group, message))
 
-    def flush(self, timeout: float = 5) -> None:
-        """Wait until everything sent so far has been handed to the layer (tests, shutdown)."""
+    def flush(self, timeout: float = 5) -> bool:
+        """Wait until everything sent so far has been delivered to the layer's groups (a test that
+        opens a socket next must not see those sends live). False: not within ``timeout``."""
         loop = self._ensure()
+        queue = self._queue
+        assert queue is not None
         done = threading.Event()
-        loop.call_soon_threadsafe(lambda: loop.create_task(_when_empty(self._queue, done)))
-        done.wait(timeout)
 
+        async def delivered() -> None:
+            await queue.join()
+            done.set()
 
-async def _when_empty(queue: asyncio.Queue[Any] | None, done: threading.Event) -> None:
-    while queue is not None and not queue.empty():
-        await asyncio.sleep(0.005)
-    await asyncio.sleep(0.01)
-    done.set()
+        # Scheduled after every put of the sends before it: the join waits for them.
+        loop.call_soon_threadsafe(lambda: loop.create_task(delivered()))
+        return done.wait(timeout)
 
 
 publisher = Publisher()

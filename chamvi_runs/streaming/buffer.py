@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 
 from django.utils import timezone
 
-from .conf import conf
+from ..conf import conf
 
 # Events kept per run: a model streaming a 4-character delta every 20 ms fills it in 200 s.
 BUFFER_EVENTS = 10_000
@@ -42,10 +42,10 @@ MARKER = "replay.truncated"
 def buffer_ttl(event: dict[str, Any]) -> int:
     """Seconds a run's buffer lives after ``event``: long enough for any wait of an active run,
     ``STREAM_BUFFER_SECONDS`` once it has ended."""
-    settled = max(math.ceil(float(conf.STREAM_BUFFER_SECONDS)), 1)
+    settled = max(math.ceil(conf.STREAM_BUFFER_SECONDS), 1)
     if event.get("type") == "run.end":
         return settled
-    ttl = settled + math.ceil(conf.approval_ttl.total_seconds())
+    ttl = settled + math.ceil(conf.APPROVAL_TTL.total_seconds())
     expires = event.get("expires_at") if event.get("type") == "run.waiting" else None
     if isinstance(expires, str):
         # An agent's own approval TTL may be longer than the site's.

@@ -32,10 +32,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import queries
+from ..core.states import TERMINAL, Status
+from ..models import Run, Step, WaitPoint
+from ..store import queries
 from .buffer import BUFFER_EVENTS, MARKER, Rebuild, buffer_ttl, event_log, region
-from .core.states import TERMINAL, Status
-from .models import Run, Step, WaitPoint
 from .serializers import decision_json, run_end_event
 
 # A step is at most 4 events in a rebuild (start, two deltas, end): a region stays well within the

@@ -10,8 +10,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from . import queries
-from .models import Run, Step, WaitPoint
+from ..models import Run, Step, WaitPoint
+from ..store import queries
 
 INTERNAL_ERROR = "internal_error"
 INTERNAL_ERROR_MESSAGE = "the run stopped on an internal error; the site's operators have the details"

@@ -7,7 +7,7 @@ from typing import Any
 from django import template
 
 from ..models import Run
-from ..serializers import pretty_json
+from ..streaming.serializers import pretty_json
 
 register = template.Library()
 

@@ -30,22 +30,25 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from typing import Any
+from typing import Any, TypeGuard
 from urllib.parse import parse_qs
 
 from channels.db import DatabaseSyncToAsync, database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.contrib.auth.models import AnonymousUser
 
-from . import api
-from .broadcast import run_group, thread_group
-from .buffer import MARKER
-from .conf import conf
-from .core.numbers import ascii_int
-from .errors import ChamviError, InvalidPayload, RunNotFound
-from .models import Run, Thread, WaitPoint
-from .policy import policy
-from .replay import missed_after, replay_after
+from .. import api
+from ..conf import conf
+from ..core.nul import has_nul
+from ..core.numbers import ascii_int
+from ..errors import ChamviError
+from ..models import Run, Thread
+from ..policy import policy
+from ..streaming.broadcast import run_group, thread_group
+from ..streaming.buffer import MARKER
+from ..streaming.replay import missed_after, replay_after
+from .approvals import decide
+from .errors import ApiError
 
 logger = logging.getLogger(__name__)
 
@@ -257,7 +260,9 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         try:
             reply = await database_sync_to_async(self._command)(content)
         except ChamviError as exc:
-            reply = _error(_code(exc), str(exc))
+            reply = _refused(ApiError.of(exc))
+        except ApiError as exc:
+            reply = _refused(exc)
         except Exception:  # a client message never ends the socket; the cause is logged for the site
             logger.exception("websocket command failed")
             reply = _error("internal_error", "the command failed")
@@ -271,19 +276,10 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             approval_id = content.get("approval_id")
             if not _is_id(approval_id):
                 return _error("invalid_message", f"{kind} needs an approval_id")
-            waitpoint = WaitPoint.objects.filter(approval_id=approval_id).select_related("run").first()
+            reason = str(content.get("reason") or "")
             # The decision is checked against the run the approval belongs to, which must be one of
             # this socket's runs.
-            run = waitpoint.run if waitpoint is not None else None
-            if run is None or not self._covers(run) or not policy().can_view(user, run):
-                return _error("not_found", f"no approval {approval_id}")
-            if not policy().can_decide(user, run):
-                return _error("forbidden", "you may not decide this approval")
-            reason = str(content.get("reason") or "")
-            if "\x00" in reason:
-                return _error("invalid_message", "the reason contains a NUL character")
-            decide = api.approve if kind == "approve" else api.deny
-            waitpoint = decide(approval_id, by=user, reason=reason)
+            waitpoint = decide(user, approval_id, kind == "approve", reason=reason, visible=self._shows)
             return {"type": "ack", "action": kind, "approval_id": waitpoint.approval_id}
         run = self._target(content)
         if run is None or not policy().can_view(user, run):
@@ -306,6 +302,9 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
     def _covers(self, run: Run) -> bool:
         return run.pk == self.run_id
 
+    def _shows(self, run: Run) -> bool:
+        return self._covers(run) and bool(policy().can_view(self.user, run))
+
 
 class ThreadConsumer(RunConsumer):
     """``ws/chamvi/threads/<thread>/``: the events of every run of a thread the user may view.
@@ -319,7 +318,7 @@ class ThreadConsumer(RunConsumer):
         self.allowed = False
         self.thread: str = self.scope["url_route"]["kwargs"]["thread"]
         # PostgreSQL cannot compare a NUL character, and no thread has one in its name.
-        if "\x00" in self.thread or not await database_sync_to_async(self._may_watch)():
+        if has_nul(self.thread) or not await database_sync_to_async(self._may_watch)():
             await self.close(code=FORBIDDEN)
             return
         after = await self._after()
@@ -365,20 +364,15 @@ class ThreadConsumer(RunConsumer):
         return run.thread == self.thread
 
 
-def _code(exc: ChamviError) -> str:
-    code = getattr(exc, "code", None)
-    if isinstance(code, str) and code:
-        return code
-    if isinstance(exc, RunNotFound):
-        return "not_found"
-    if isinstance(exc, InvalidPayload):
-        return "payload_too_large" if exc.too_large else "invalid_payload"
-    return "refused"
+def _refused(exc: ApiError) -> dict[str, Any]:
+    # A field of a message that is not what the command takes is a malformed message, as a
+    # message that is not JSON.
+    return _error("invalid_message" if exc.code == "invalid_field" else exc.code, exc.message)
 
 
-def _is_id(value: Any) -> bool:
+def _is_id(value: object) -> TypeGuard[str]:
     """A run or approval id as a client may send it: PostgreSQL refuses NUL characters in queries."""
-    return isinstance(value, str) and 0 < len(value) <= 200 and "\x00" not in value
+    return isinstance(value, str) and 0 < len(value) <= 200 and not has_nul(value)
 
 
 def _deeper_than(value: Any, limit: int) -> bool:

@@ -8,24 +8,21 @@ from functools import wraps
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.debug import sensitive_post_parameters, sensitive_variables
 
-from . import api
-from .auth import AuthError, authenticate
-from .conf import conf
-from .core.nul import has_nul
-from .core.numbers import ascii_int
-from .errors import AgentNotFound, DecisionRefused, InvalidPayload, RunNotFound, ThreadForbidden
-from .models import Run, WaitPoint
-from .policy import policy
-from .serializers import MAX_STEPS_LIMIT, STEPS_LIMIT, StepWindow, run_json, waitpoint_json
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
+from .. import api
+from ..conf import conf
+from ..core.nul import has_nul
+from ..core.numbers import ascii_int
+from ..errors import AgentNotFound, DecisionRefused, InvalidPayload, RunNotFound, ThreadForbidden
+from ..models import Run
+from ..policy import policy
+from ..streaming.serializers import MAX_STEPS_LIMIT, STEPS_LIMIT, StepWindow, run_json, waitpoint_json
+from .approvals import decide
+from .auth import authenticate
+from .errors import ApiError, unauthenticated
 
 
 def error(status: int, code: str, message: str) -> JsonResponse:
@@ -35,11 +32,14 @@ def error(status: int, code: str, message: str) -> JsonResponse:
     return response
 
 
-def api_view(*methods: str) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
-    def decorate(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+View = Callable[..., HttpResponseBase]
+
+
+def api_view(*methods: str) -> Callable[[View], View]:
+    def decorate(view: View) -> View:
         @csrf_exempt  # CSRF is enforced in authenticate() for session requests, not for bearer tokens.
         @wraps(view)
-        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             if request.method not in methods:
                 response = error(
                     405,
@@ -51,7 +51,7 @@ def api_view(*methods: str) -> Callable[[Callable[..., HttpResponse]], Callable[
             try:
                 request.api_user = authenticate(request)  # type: ignore[attr-defined]
                 return view(request, *args, **kwargs)
-            except (AuthError, ApiError) as exc:
+            except ApiError as exc:
                 return error(exc.status, exc.code, exc.message)
 
         return wrapper
@@ -62,7 +62,7 @@ def api_view(*methods: str) -> Callable[[Callable[..., HttpResponse]], Callable[
 def _require_user(request: HttpRequest) -> Any:
     user = request.api_user  # type: ignore[attr-defined]
     if not user.is_authenticated:
-        raise ApiError(401, "unauthenticated", "log in or send 'Authorization: Bearer <token>'")
+        raise unauthenticated()
     return user
 
 
@@ -81,7 +81,7 @@ def _raw_body(request: HttpRequest, limit: int) -> bytes:
 
 def _body(request: HttpRequest) -> dict[str, Any]:
     # The payload cap plus room for the envelope's other fields.
-    limit = int(conf.MAX_PAYLOAD_BYTES) + 16 * 1024
+    limit = conf.MAX_PAYLOAD_BYTES + 16 * 1024
     declared = request.headers.get("Content-Length")
     if declared and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, "payload_too_large", f"the request body is larger than {limit} bytes")
@@ -115,12 +115,6 @@ def query_int(
     if value is None or not minimum <= value <= maximum:
         raise ApiError(400, "invalid_field", f"'{name}' must be an integer from {minimum} to {maximum}")
     return value
-
-
-def _payload_error(exc: InvalidPayload) -> ApiError:
-    if exc.too_large:
-        return ApiError(413, "payload_too_large", str(exc))
-    return ApiError(400, "invalid_payload", str(exc))
 
 
 def _optional_str(data: dict[str, Any], key: str) -> str | None:
@@ -176,7 +170,7 @@ def runs(request: HttpRequest) -> HttpResponse:
     except AgentNotFound as exc:
         raise ApiError(404, "agent_not_found", str(exc)) from None
     except InvalidPayload as exc:
-        raise _payload_error(exc) from None
+        raise ApiError.of(exc) from None
     except ThreadForbidden as exc:
         raise ApiError(403, "thread_forbidden", str(exc)) from None
     if not policy().can_view(user, run):
@@ -224,56 +218,37 @@ def run_input(request: HttpRequest, run_id: str) -> HttpResponse:
         raise ApiError(400, "invalid_field", "'payload' is required")
     try:
         item = api.send_input(run.pk, data["payload"])
-    except InvalidPayload as exc:
-        raise _payload_error(exc) from None
-    except DecisionRefused as exc:
-        raise ApiError(409, exc.code, str(exc)) from None
+    except (InvalidPayload, DecisionRefused) as exc:
+        raise ApiError.of(exc) from None
     except RunNotFound:
         raise ApiError(404, "not_found", f"no run {run_id}") from None
     return JsonResponse({"id": item.pk, "run_id": run.pk}, status=202)
 
 
-DECISION_STATUS = {"not_found": 404, "bad_token": 403, "already_decided": 409, "expired": 410}
-
-
-# The frames of a crash below (the store's included: the filter applies to callees) are in error
-# reports with their variables; a token there would let whoever reads the mail decide the approval.
+# The frames of a crash below are in error reports with their variables; a token there would let
+# whoever reads the mail decide the approval.
 @sensitive_variables("data", "token")
-def _decide(request: HttpRequest, approval_id: str, decision: str) -> HttpResponse:
+def _decide(request: HttpRequest, approval_id: str, approve: bool) -> HttpResponse:
     data = _body(request)
     token = data.get("token") or request.GET.get("token")
-    reason = data.get("reason", "")
-    if not isinstance(reason, str) or has_nul(reason):
-        raise ApiError(400, "invalid_field", "'reason' must be a string without NUL characters")
-    if has_nul(approval_id):
-        raise ApiError(404, "not_found", f"no approval {approval_id}")
-    waitpoint = WaitPoint.objects.select_related("run").filter(approval_id=approval_id).first()
-    if waitpoint is None:
-        raise ApiError(404, "not_found", f"no approval {approval_id}")
     user = request.api_user  # type: ignore[attr-defined]
-    if token is None:
-        _require_user(request)
-        if not policy().can_decide(user, waitpoint.run):
-            raise ApiError(403, "forbidden", "you may not decide this approval")
-    elif not isinstance(token, str):
-        raise ApiError(400, "invalid_field", "'token' must be a string")
-    decide = api.approve if decision == "approved" else api.deny
-    try:
-        waitpoint = decide(
-            approval_id, by=user if user.is_authenticated else None, reason=reason, token=token
-        )
-    except DecisionRefused as exc:
-        raise ApiError(DECISION_STATUS.get(exc.code, 409), exc.code, str(exc)) from None
+    waitpoint = decide(
+        user if user.is_authenticated else None,
+        approval_id,
+        approve,
+        reason=data.get("reason", ""),
+        token=token,
+    )
     return JsonResponse(waitpoint_json(waitpoint) or {})
 
 
 @sensitive_post_parameters("token")
 @api_view("POST")
 def approval_approve(request: HttpRequest, approval_id: str) -> HttpResponse:
-    return _decide(request, approval_id, "approved")
+    return _decide(request, approval_id, True)
 
 
 @sensitive_post_parameters("token")
 @api_view("POST")
 def approval_deny(request: HttpRequest, approval_id: str) -> HttpResponse:
-    return _decide(request, approval_id, "denied")
+    return _decide(request, approval_id, False)

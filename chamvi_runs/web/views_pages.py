@@ -14,21 +14,22 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
-from . import api, queries
+from .. import api
+from ..core.nul import has_nul
+from ..core.states import TERMINAL, Status
+from ..models import Run, Step, Thread, WaitPoint
+from ..policy import policy
+from ..store import queries
+from ..streaming.serializers import error_json, shows_internals
+from .approvals import decide
 from .consumers import THREAD_REPLAY_RUNS
-from .core.nul import has_nul
-from .core.states import TERMINAL, Status
-from .errors import DecisionRefused
-from .models import Run, Step, Thread, WaitPoint
-from .policy import policy
-from .serializers import error_json, shows_internals
+from .errors import ApiError
 
 # How many earlier runs of its thread a run page shows above it, and runs a thread page shows: as
 # many as the thread socket replays, or the page would take older replayed runs for new ones.
 THREAD_RUNS = THREAD_REPLAY_RUNS
 # How many of a run's latest steps its summary on a thread page carries.
 SUMMARY_STEPS = 100
-DECIDED = {"approve": "Approved", "deny": "Denied"}
 
 
 def _posted(request: HttpRequest, name: str) -> str:
@@ -39,37 +40,45 @@ def _posted(request: HttpRequest, name: str) -> str:
     return value
 
 
+def _decide(request: HttpRequest, approve: bool) -> None:
+    """Decide the posted approval. One the user may not decide is a 404, as one that does not exist;
+    a malformed field is a request no page sends (400); a refusal (decided already, expired) is said
+    on the page."""
+    try:
+        waitpoint = decide(
+            request.user, _posted(request, "approval_id"), approve, reason=request.POST.get("reason", "")
+        )
+    except ApiError as exc:
+        if exc.status == 400:
+            raise BadRequest(exc.message) from None
+        if exc.code in ("not_found", "forbidden"):
+            raise Http404("no such approval") from None
+        messages.error(request, exc.message)
+        return
+    verb = "Approved" if approve else "Denied"
+    messages.success(request, f"{verb} {waitpoint.tool_name} for run {waitpoint.run_id}.")
+
+
 @login_required
 @require_http_methods(["GET", "POST"])
 def approvals(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         action = request.POST.get("action")
-        try:
-            if action in DECIDED:
-                approval_id = _posted(request, "approval_id")
-                waitpoint = WaitPoint.objects.select_related("run").filter(approval_id=approval_id).first()
-                if waitpoint is None or not policy().can_decide(request.user, waitpoint.run):
-                    raise Http404("no such approval")
-                decide = api.approve if action == "approve" else api.deny
-                decide(waitpoint.approval_id, by=request.user, reason=_posted(request, "reason"))
-                messages.success(
-                    request, f"{DECIDED[action]} {waitpoint.tool_name} for run {waitpoint.run_id}."
-                )
-            elif action == "cancel":
-                run = Run.objects.filter(pk=_posted(request, "run_id")).first()
-                if run is None or not policy().can_cancel(request.user, run):
-                    raise Http404("no such run")
-                open_approval = run.waitpoints.filter(decision__isnull=True)
-                tool = open_approval.values_list("tool_name", flat=True).first()
-                status = api.cancel_run(run.pk, by=request.user)
-                if status != Status.CANCELLED:
-                    messages.success(request, f"Cancel requested for run {run.pk}; it is {status}.")
-                elif tool:
-                    messages.success(request, f"Cancelled run {run.pk}; its approval of {tool} is cancelled.")
-                else:
-                    messages.success(request, f"Cancelled run {run.pk}.")
-        except DecisionRefused as exc:
-            messages.error(request, str(exc))
+        if action in ("approve", "deny"):
+            _decide(request, action == "approve")
+        elif action == "cancel":
+            run = Run.objects.filter(pk=_posted(request, "run_id")).first()
+            if run is None or not policy().can_cancel(request.user, run):
+                raise Http404("no such run")
+            open_approval = run.waitpoints.filter(decision__isnull=True)
+            tool = open_approval.values_list("tool_name", flat=True).first()
+            status = api.cancel_run(run.pk, by=request.user)
+            if status != Status.CANCELLED:
+                messages.success(request, f"Cancel requested for run {run.pk}; it is {status}.")
+            elif tool:
+                messages.success(request, f"Cancelled run {run.pk}; its approval of {tool} is cancelled.")
+            else:
+                messages.success(request, f"Cancelled run {run.pk}.")
         return redirect("chamvi_runs:approvals")
     waiting = [
         w

@@ -30,14 +30,15 @@ from typing import Any, TypeVar
 from asgiref.sync import sync_to_async
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import connections
-from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http import HttpRequest, StreamingHttpResponse
 
-from .broadcast import publisher, run_group
-from .core.numbers import ascii_int
-from .core.states import TERMINAL
-from .models import Run
-from .replay import missed_after, replay_after
-from .views_api import ApiError, _run_for, api_view
+from ..core.numbers import ascii_int
+from ..core.states import TERMINAL
+from ..models import Run
+from ..streaming.broadcast import publisher, run_group
+from ..streaming.replay import missed_after, replay_after
+from .errors import ApiError
+from .views_api import _run_for, api_view
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ T = TypeVar("T")
 
 
 @api_view("GET")
-def run_stream(request: HttpRequest, run_id: str) -> HttpResponse:
+def run_stream(request: HttpRequest, run_id: str) -> StreamingHttpResponse:
     run = _run_for(request, run_id)
     response = StreamingHttpResponse(_events(run.pk, _after(request)), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"

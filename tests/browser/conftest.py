@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import PASSWORD, make_superuser
 from tests.processes import WebProcess, WorkerProcess, wait_for, worker_env
 from tests.scripted_server import ScriptedServer
 
@@ -37,7 +38,6 @@ CHROMIUM_ARGS = [
 # The model the demo's "support" agent calls in the worker (settings.CHAMVI_MODEL): the scripts of
 # these tests are queued under it.
 SUPPORT_MODEL = "m-support"
-PASSWORD = "pw"
 ALLOW_ASYNC_UNSAFE = "DJANGO_ALLOW_ASYNC_UNSAFE"
 # Every expect() and every action waits at most this long: generous for a loaded CI machine, short
 # enough that a broken page fails well inside the test's timeout.
@@ -152,9 +152,7 @@ def _settle_runs(request: pytest.FixtureRequest) -> Iterator[None]:
 
 @pytest.fixture
 def user(live_site: LiveSite) -> Any:
-    from django.contrib.auth import get_user_model
-
-    return get_user_model().objects.create_superuser("alice", "alice@example.com", PASSWORD)
+    return make_superuser("alice")
 
 
 @pytest.hookimpl(wrapper=True)

@@ -13,7 +13,7 @@ from tests.docsamples import block, load_module
 
 def install() -> None:
     """Register the README's agent for good (a process of its own, e.g. a pytest subprocess)."""
-    from chamvi_runs.agent import registry
+    from chamvi_runs.agents.agent import registry
 
     package = types.ModuleType("myapp")
     package.__path__ = []
@@ -26,7 +26,7 @@ def install() -> None:
 @contextmanager
 def installed() -> Iterator[types.ModuleType]:
     """The README's myapp while the block runs; the demo's agent and modules come back after."""
-    from chamvi_runs.agent import registry
+    from chamvi_runs.agents.agent import registry
 
     before = dict(registry._agents)
     modules = {name: sys.modules.get(name) for name in ("myapp", "myapp.agents", "myapp.scripted")}

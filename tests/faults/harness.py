@@ -23,8 +23,9 @@ from django.db.models import F
 
 from chamvi_runs.core.messages import open_tool_calls
 from chamvi_runs.core.states import TERMINAL
-from chamvi_runs.janitor import tick_once
 from chamvi_runs.models import Checkpoint, EffectRecord, Run, Step
+from chamvi_runs.runtime.janitor import tick_once
+from tests.helpers import expire_lease
 from tests.processes import WorkerProcess, wait_for, worker_env
 from tests.scripted_server import Reply, ScriptedServer, delay, finish, text, tool_call, usage
 from tests.testapp.models import Refund
@@ -201,9 +202,7 @@ def recover(run_ids: Iterable[str], pool: WorkerPool, *, workers: int = 2, timeo
         pool.ensure(workers)
         for run in Run.objects.filter(pk__in=ids, status="running", claim_owner__isnull=False):
             if not _pid_alive(run.claim_owner):
-                Run.objects.filter(pk=run.pk, attempt=run.attempt).update(
-                    claim_expires_at=F("claim_expires_at") - timedelta(hours=1)
-                )
+                expire_lease(run.pk, attempt=run.attempt)
         Run.objects.filter(pk__in=ids, status__in=["queued", "interrupted"]).update(
             updated_at=F("updated_at") - timedelta(hours=1)
         )

@@ -12,19 +12,18 @@ import statistics
 import subprocess
 import time
 from collections import Counter
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from django.db import connection
-from django.db.models import F
 
 from chamvi_runs import cancel_run
-from chamvi_runs.broadcast import event_log
-from chamvi_runs.executors import _enqueue_now
+from chamvi_runs.dispatch.doorbell import _enqueue_now
 from chamvi_runs.models import Run
+from chamvi_runs.streaming.broadcast import event_log
 from tests.faults.conftest import SCALE
 from tests.faults.harness import check, recover, start_tagged
+from tests.helpers import expire_lease, make_superuser
 from tests.processes import ROOT, WebProcess, wait_for, worker_env
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(600)]
@@ -154,10 +153,10 @@ def test_a_frozen_worker_that_wakes_after_its_lease_writes_nothing(model, pool, 
     time.sleep(0.5)
     frozen.signal(signal.SIGSTOP)
     try:
-        Run.objects.filter(pk=run_id).update(claim_expires_at=F("claim_expires_at") - timedelta(hours=1))
+        expire_lease(run_id)
         model.pause = 0.05
         pool.spawn()
-        from chamvi_runs.janitor import tick_once
+        from chamvi_runs.runtime.janitor import tick_once
 
         tick_once()
         wait_for(lambda: Run.objects.get(pk=run_id).status == "completed", 60, "the rescuer to complete")
@@ -230,11 +229,9 @@ def test_drain_at_random_moments_loses_nothing(model, pool, record):
 
 @pytest.fixture
 def web(server):
-    from django.contrib.auth import get_user_model
+    from chamvi_runs.web.auth import create_token
 
-    from chamvi_runs.auth import create_token
-
-    user = get_user_model().objects.create_superuser("ops", "ops@example.com", "pw")
+    user = make_superuser("ops")
     process = WebProcess(worker_env(server.base_url))
     process.token = create_token(user, "faults")[1]
     yield process

@@ -3,7 +3,7 @@
 from channels.routing import ProtocolTypeRouter
 from django.core.asgi import get_asgi_application
 
-from chamvi_runs.executors import start_embedded
+from chamvi_runs.asgi import start_embedded
 from chamvi_runs.routing import websocket_application
 
 start_embedded()

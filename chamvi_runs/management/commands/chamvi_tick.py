@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
-from chamvi_runs.janitor import tick_once
+from chamvi_runs.runtime.janitor import tick_once
 
 
 class Command(BaseCommand):

@@ -1,0 +1,98 @@
+"""What the runtime needs from the world, as protocols: the store it writes and reads run state
+through, the model it streams, and the broadcaster its events go out by. The Django store
+(``chamvi_runs.store``, a module) satisfies ``Store``; mypy checks it (``runtime.engine``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any, Protocol
+
+from .records import CallRef, Claim, StepRecord
+from .states import Status
+from .types import AbortSignal, Message, ModelRequest, ModelTurn, OnDelta, Usage
+
+
+class Model(Protocol):
+    """A streaming Chat Completions model."""
+
+    def stream(self, request: ModelRequest, on_delta: OnDelta, abort: AbortSignal) -> ModelTurn:
+        """Stream one completion. Errors are returned in ``ModelTurn.error``; an abort raises ``Aborted``."""
+        ...
+
+
+class Broadcaster(Protocol):
+    """Best-effort delivery of a run's events to whoever watches it."""
+
+    def publish(self, run_id: str, event: dict[str, Any]) -> None: ...
+
+    def flush(self) -> None: ...
+
+
+class Store(Protocol):
+    """Every write is fenced on the claim and says whether it applied (False / None: the claim is
+    lost, or, for writes that keep a run going, a cancel was requested)."""
+
+    # --- writes of an execution ---
+    def claim(self, run_id: str, owner: str, lease_seconds: float) -> Claim | None: ...
+
+    def renew(self, claim: Claim, lease_seconds: float, *, usage: Usage = ...) -> bool: ...
+
+    def count_model_call(self, claim: Claim) -> bool: ...
+
+    def save_step(
+        self,
+        claim: Claim,
+        steps: list[StepRecord],
+        messages: list[Message],
+        *,
+        finish_reason: str = ...,
+        usage: Usage = ...,
+        consumed_inputs: Iterable[str] = ...,
+    ) -> bool: ...
+
+    def open_wait(
+        self,
+        claim: Claim,
+        steps: list[StepRecord],
+        messages: list[Message],
+        *,
+        call: CallRef,
+        tool_name: str,
+        tool_input: Any,
+        ttl: timedelta,
+        usage: Usage = ...,
+        consumed_inputs: Iterable[str] = ...,
+    ) -> Any | None: ...
+
+    def back_to_waiting(self, claim: Claim) -> bool: ...
+
+    def settle(
+        self,
+        claim: Claim,
+        status: Status,
+        *,
+        output: Any = ...,
+        error_code: str = ...,
+        error_message: str = ...,
+        close_history: str | None = ...,
+    ) -> bool: ...
+
+    # --- reads of an execution ---
+    def run(self, run_id: str) -> Any: ...
+
+    def checkpoint(self, run_id: str) -> tuple[list[Message], int] | None: ...
+
+    def earlier_thread_histories(self, run: Any, limit: int) -> list[tuple[Any, list[Message]]]: ...
+
+    def pending_inputs(self, run_id: str) -> list[Any]: ...
+
+    def last_model_step(self, run_id: str, before: int | None = ...) -> Any | None: ...
+
+    def waitpoint_at(self, run_id: str, model_step: int, position: int) -> Any | None: ...
+
+    def approved_calls(self, run_id: str, model_step: int) -> dict[int, str]: ...
+
+    def resumed_decision(self, run_id: str) -> Any | None: ...
+
+    def cancel_requested(self, run_id: str) -> bool: ...

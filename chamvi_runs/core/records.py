@@ -1,0 +1,79 @@
+"""What an execution hands the store, and what a claim gives it back: plain values."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from .nul import without_nul
+from .types import ModelTurn
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One execution's hold on a run: every write of the execution is fenced on it."""
+
+    run_id: str
+    owner: str
+    attempt: int
+    """The fencing token: it grows with every claim of the run."""
+    resumed: bool
+    """True when an earlier execution had started the run (recovery, decision, drain)."""
+    stalled: int = 0
+    """Executions before this one, in a row, that ended without writing anything (they died)."""
+    cancel_requested: bool = False
+
+
+@dataclass(frozen=True)
+class CallRef:
+    """One tool call by its place: the model call's step and the call's position in it. Never by
+    the provider's call id, which providers reuse across turns."""
+
+    model_step: int
+    position: int
+    call_id: str
+
+
+@dataclass
+class StepRecord:
+    """A step to be written. ``started_at``/``finished_at`` left None are the time of the write."""
+
+    index: int
+    kind: str
+    name: str = ""
+    input: Any = None
+    output: Any = None
+    error: str = ""
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    invalid_call: bool = False
+    """A tool step of a call that named no tool or had bad arguments (not stored: it feeds the
+    invalid-call streak of this execution)."""
+
+
+def arguments_hash(arguments: Any) -> str:
+    """What an approval is bound to: the exact arguments of the call, canonically encoded, as they
+    are stored and shown to the approver (a NUL replaced): the call re-parsed from the history after
+    the decision has its NUL back, and is still the call that was approved."""
+    encoded = json.dumps(
+        without_nul(arguments), sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str
+    )
+    return hashlib.sha256(encoded.encode()).hexdigest()
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def llm_step_output(turn: ModelTurn, finish: str | None) -> dict[str, Any]:
+    """What an ``llm`` step stores of its model call."""
+    return {
+        "text": turn.text,
+        "reasoning": turn.reasoning,
+        "tool_calls": [c.as_message_part() for c in turn.tool_calls],
+        "finish_reason": finish,
+        "usage": {"input_tokens": turn.usage.input_tokens, "output_tokens": turn.usage.output_tokens},
+    }

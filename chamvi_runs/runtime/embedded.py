@@ -1,0 +1,79 @@
+"""Embedded mode (``EXECUTOR = "thread"``): one process serves, executes and recovers. Starts the
+executor threads and a janitor thread, once, when the ASGI application asks for them."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from django.db import connection
+
+from ..conf import conf
+from ..dispatch.threads import thread_executor
+
+logger = logging.getLogger(__name__)
+
+
+class _Embedded:
+    """Whether this process asked to execute runs in embedded mode, and whether its threads run.
+
+    System check W004 imports the site's ASGI application to see whether it asks; while it does
+    (``inspecting``), ``start_embedded()`` records the request and starts nothing: ``manage.py
+    migrate`` must execute no run. The check then forgets the module, so the server that imports
+    it next (``runserver``, in the same process) runs ``start_embedded()`` for real.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.requested = False
+        self.started = False
+        self.inspecting = False
+
+
+_embedded = _Embedded()
+
+
+@contextmanager
+def inspecting() -> Iterator[None]:
+    """While the block runs, ``start_embedded()`` records the request and starts nothing."""
+    with _embedded.lock:
+        _embedded.inspecting = True
+    try:
+        yield
+    finally:
+        with _embedded.lock:
+            _embedded.inspecting = False
+
+
+def embedded_requested() -> bool:
+    return _embedded.requested
+
+
+def start_embedded(interval: float = 2.0) -> None:
+    """Start the executor threads and a janitor thread in this process. Idempotent; no-op with RQ.
+    ``chamvi_runs.asgi.get_asgi_application()`` calls it for you."""
+    if conf.EXECUTOR != "thread":
+        return
+    with _embedded.lock:
+        _embedded.requested = True
+        if _embedded.started or _embedded.inspecting:
+            return
+        thread_executor()
+        _embedded.started = True
+    threading.Thread(target=_janitor_loop, args=(interval,), name="chamvi-janitor", daemon=True).start()
+
+
+def _janitor_loop(interval: float) -> None:
+    from .janitor import tick_once  # imports the models: the app registry is ready by now
+
+    while True:
+        try:
+            tick_once()
+        except Exception:
+            logger.exception("embedded janitor tick failed")
+        finally:
+            connection.close()
+        time.sleep(interval)

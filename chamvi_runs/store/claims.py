@@ -1,0 +1,96 @@
+"""Claiming a run for one execution, and keeping the claim: lease renewal and the model-call count."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F, Q
+from django.db.models.functions import Coalesce, Now
+
+from ..core.records import Claim
+from ..core.states import CLAIMABLE, Status
+from ..core.types import NO_USAGE, Usage
+from ..models import Run
+from .fence import in_seconds, to, update_held, waits_for_elder
+
+
+def _blocked(run: Run) -> bool:
+    if not run.concurrency_key and not run.thread:
+        return False
+    return (
+        Run.objects.filter(pk=run.pk)
+        .filter(waits_for_elder("concurrency_key") | waits_for_elder("thread"))
+        .exists()
+    )
+
+
+def claim(run_id: str, owner: str, lease_seconds: float) -> Claim | None:
+    """Take the run for one execution. None: it is terminal, waiting, held by a live lease, locked
+    by a concurrent claimer, or blocked by its concurrency key or thread."""
+    with transaction.atomic():
+        free = Q(claim_owner__isnull=True) | Q(claim_expires_at__lt=Now())
+        run = (
+            Run.objects.select_for_update(skip_locked=True)
+            .filter(free, pk=run_id, status__in=[s.value for s in CLAIMABLE])
+            .only(
+                "id",
+                "status",
+                "scope",
+                "concurrency_key",
+                "thread",
+                "created_at",
+                "started_at",
+                "attempt",
+                "stalled_executions",
+                "cancel_requested",
+            )
+            .first()
+        )
+        if run is None:
+            return None
+        if run.status == Status.QUEUED and _blocked(run):
+            return None
+        # A running run keeps its status (no transition); any other becomes running, as the
+        # table allows.
+        legal = Q() if run.status == Status.RUNNING else to(Status.RUNNING)
+        updated = Run.objects.filter(free, legal, pk=run_id, status=run.status).update(
+            status=Status.RUNNING,
+            claim_owner=owner,
+            claim_expires_at=in_seconds(lease_seconds),
+            attempt=F("attempt") + 1,
+            # Counted now, reset by the execution's first write: an execution that dies
+            # before writing anything (its tool killed the worker) stays counted.
+            stalled_executions=F("stalled_executions") + 1,
+            started_at=Coalesce(F("started_at"), Now()),
+            updated_at=Now(),
+        )
+        if not updated:
+            return None
+        return Claim(
+            run_id,
+            owner,
+            run.attempt + 1,
+            resumed=run.started_at is not None,
+            stalled=run.stalled_executions,
+            cancel_requested=run.cancel_requested,
+        )
+
+
+def renew(claim: Claim, lease_seconds: float, *, usage: Usage = NO_USAGE) -> bool:
+    """Extend the lease, adding ``usage`` of a model call not saved yet (it counts against the
+    budget even if this execution dies before saving it). False: the claim is lost (someone else
+    holds the run, or it settled)."""
+    extra: dict[str, Any] = {}
+    if usage.total:
+        extra.update(
+            input_tokens=F("input_tokens") + usage.input_tokens,
+            output_tokens=F("output_tokens") + usage.output_tokens,
+        )
+    return update_held(claim, claim_expires_at=in_seconds(lease_seconds), **extra)
+
+
+def count_model_call(claim: Claim) -> bool:
+    """Count a model call before it is made: a call whose execution dies unsaved still counts
+    against ``max_steps``. False: the claim is lost, and the call must not be made."""
+    return update_held(claim, model_calls=F("model_calls") + 1)

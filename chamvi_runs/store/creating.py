@@ -1,0 +1,42 @@
+"""Creating runs and threads: inserts that tolerate a concurrent twin."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import IntegrityError, transaction
+
+from ..core.states import Status
+from ..models import Run, Thread
+
+
+def thread_for(name: str, creator: Any) -> Thread:
+    """The thread called ``name``; created, owned by ``creator`` (None: nobody), if it is new."""
+    thread = Thread.objects.filter(name=name).first()
+    if thread is not None:
+        return thread
+    try:
+        with transaction.atomic():
+            return Thread.objects.create(name=name, owner=creator)
+    except IntegrityError:
+        # A concurrent first run of the thread won the insert: its creator owns the thread.
+        return Thread.objects.get(name=name)
+
+
+def create_run(**fields: Any) -> tuple[Run, bool]:
+    """Insert a queued run; True when this call created it. With a trigger id already used for this
+    agent in this scope: the first run, and False."""
+    trigger_id = fields.get("trigger_id")
+    same = {"agent": fields["agent"], "scope": fields.get("scope", ""), "trigger_id": trigger_id}
+    if trigger_id is not None:
+        existing = Run.objects.filter(**same).first()
+        if existing is not None:
+            return existing, False
+    try:
+        with transaction.atomic():
+            return Run.objects.create(status=Status.QUEUED, **fields), True
+    except IntegrityError:
+        if trigger_id is None:
+            raise
+        # A concurrent start with the same trigger id won the insert.
+        return Run.objects.get(**same), False

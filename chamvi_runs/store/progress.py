@@ -1,0 +1,245 @@
+"""What an execution writes as it goes: steps with their checkpoint, a wait for approval, the way
+back to waiting, and its settle. Each is fenced on the claim; each says whether it applied."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from ..core.faults import crash_point
+from ..core.messages import answer_open_calls
+from ..core.nul import without_nul
+from ..core.records import CallRef, Claim, StepRecord, arguments_hash, hash_token
+from ..core.states import TERMINAL, Status
+from ..core.types import NO_USAGE, Message, Usage
+from ..models import Checkpoint, RunInput, Step, WaitPoint
+from .fence import db_now_plus, to, update_held
+
+CLOSED_AT_END = "The run ended before this tool call ran."
+
+
+class _Refused(Exception):
+    """Rolls back a step's transaction whose fenced write, or step insert, was refused."""
+
+
+def _write_steps(claim: Claim, steps: Iterable[StepRecord]) -> None:
+    now = timezone.now()
+    rows = [
+        Step(
+            run_id=claim.run_id,
+            index=s.index,
+            kind=s.kind,
+            name=without_nul(s.name),
+            input=without_nul(s.input),
+            output=without_nul(s.output),
+            error=without_nul(s.error),
+            attempt=claim.attempt,
+            started_at=s.started_at or now,
+            finished_at=s.finished_at or now,
+        )
+        for s in steps
+    ]
+    try:
+        Step.objects.bulk_create(rows)
+    except IntegrityError:
+        # A step index is recorded once; a duplicate means another execution got there first.
+        raise _Refused from None
+
+
+def write_checkpoint(run_id: str, step_index: int, messages: list[Message], finish_reason: str) -> None:
+    """Inside a transaction that holds the run row: the one checkpoint of the run, moved forward."""
+    messages = without_nul(messages)
+    updated = Checkpoint.objects.filter(run_id=run_id, step_index__lte=step_index).update(
+        step_index=step_index, messages=messages, finish_reason=finish_reason or "", created_at=timezone.now()
+    )
+    if not updated:
+        Checkpoint.objects.create(
+            run_id=run_id, step_index=step_index, messages=messages, finish_reason=finish_reason or ""
+        )
+
+
+def _record(
+    claim: Claim,
+    steps: list[StepRecord],
+    messages: list[Message],
+    finish_reason: str,
+    usage: Usage,
+    consumed_inputs: Iterable[str],
+    *,
+    unless_cancelled: bool = False,
+    **run_fields: Any,
+) -> int:
+    """Inside a transaction: the fenced run update (usage, plus ``run_fields``), the steps, the
+    checkpoint at the last step's index, and the inputs those steps took. Returns that index;
+    raises _Refused when the fence (or, with ``unless_cancelled``, a requested cancel) refuses."""
+    if not update_held(
+        claim,
+        unless_cancelled=unless_cancelled,
+        input_tokens=F("input_tokens") + usage.input_tokens,
+        output_tokens=F("output_tokens") + usage.output_tokens,
+        stalled_executions=0,
+        updated_at=Now(),
+        **run_fields,
+    ):
+        raise _Refused
+    _write_steps(claim, steps)
+    last = max(s.index for s in steps)
+    write_checkpoint(claim.run_id, last, messages, finish_reason)
+    inputs = list(consumed_inputs)
+    if inputs:
+        RunInput.objects.filter(run_id=claim.run_id, pk__in=inputs, consumed_step__isnull=True).update(
+            consumed_step=min(s.index for s in steps)
+        )
+    return last
+
+
+def save_step(
+    claim: Claim,
+    steps: list[StepRecord],
+    messages: list[Message],
+    *,
+    finish_reason: str = "",
+    usage: Usage = NO_USAGE,
+    consumed_inputs: Iterable[str] = (),
+) -> bool:
+    """Steps + checkpoint + usage of one model call (or of tools run after a decision), atomically.
+    The call itself was counted before it was made (``count_model_call``). False: the claim is lost
+    (or another execution recorded these steps first), and nothing was written."""
+    try:
+        with transaction.atomic():
+            _record(claim, steps, messages, finish_reason, usage, consumed_inputs)
+            crash_point("before_step_commit")
+    except _Refused:
+        return False
+    crash_point("after_step_commit")
+    return True
+
+
+def open_wait(
+    claim: Claim,
+    steps: list[StepRecord],
+    messages: list[Message],
+    *,
+    call: CallRef,
+    tool_name: str,
+    tool_input: Any,
+    ttl: timedelta,
+    usage: Usage = NO_USAGE,
+    consumed_inputs: Iterable[str] = (),
+) -> WaitPoint | None:
+    """Record the step that asks for approval, open a WaitPoint, move to ``waiting`` and release the
+    claim, atomically. None: a cancel was requested (it wins over the wait) or the claim is lost;
+    nothing was written. The returned wait point carries the raw token in memory only."""
+    token = secrets.token_urlsafe(32)
+    try:
+        with transaction.atomic():
+            wait_index = _record(
+                claim,
+                steps,
+                messages,
+                "tool_calls",
+                usage,
+                consumed_inputs,
+                unless_cancelled=True,
+                status=Status.WAITING,
+                claim_owner=None,
+                claim_expires_at=None,
+            )
+            tool_input = without_nul(tool_input)
+            waitpoint = WaitPoint.objects.create(
+                run_id=claim.run_id,
+                step_index=wait_index,
+                model_step=call.model_step,
+                call_position=call.position,
+                arguments_hash=arguments_hash(tool_input),
+                tool_call_id=without_nul(call.call_id),
+                tool_name=without_nul(tool_name),
+                input=tool_input,
+                # The database's clock: hosts' clocks disagree, and expiry is decided in SQL.
+                expires_at=db_now_plus(ttl),
+                token_hash=hash_token(token),
+            )
+    except _Refused:
+        return None
+    waitpoint.refresh_from_db(fields=["expires_at", "created_at"])
+    waitpoint.token = token
+    return waitpoint
+
+
+def back_to_waiting(claim: Claim) -> bool:
+    """A claimed run whose checkpoint ends on an undecided approval goes back to waiting. False: a
+    cancel was requested (it wins), or the claim is lost; nothing was written."""
+    return update_held(
+        claim,
+        unless_cancelled=True,
+        status=Status.WAITING,
+        claim_owner=None,
+        claim_expires_at=None,
+        stalled_executions=0,
+        updated_at=Now(),
+    )
+
+
+def settle(
+    claim: Claim,
+    status: Status,
+    *,
+    output: Any = None,
+    error_code: str = "",
+    error_message: str = "",
+    close_history: str | None = None,
+) -> bool:
+    """Final write of an execution: a terminal status, or ``interrupted``. Releases the claim.
+    A terminal settle answers every open tool call in the checkpoint (with ``close_history``, or a
+    generic text), so a thread can always continue. False, nothing written: the claim is lost, or
+    (``interrupted`` only) a cancel was requested, which wins."""
+    fields: dict[str, Any] = {
+        "status": status,
+        "claim_owner": None,
+        "claim_expires_at": None,
+        "stalled_executions": 0,
+        "updated_at": Now(),
+    }
+    if status in TERMINAL:
+        fields.update(
+            output=without_nul(output),
+            error_code=error_code,
+            error_message=without_nul(error_message),
+            finished_at=Now(),
+        )
+        close_history = close_history or CLOSED_AT_END
+    with transaction.atomic():
+        if not update_held(claim, unless_cancelled=status not in TERMINAL, where=to(status), **fields):
+            return False
+        if status == Status.CANCELLED:
+            # A cancel its execution settles (e.g. while going back to waiting) closes the approval too.
+            cancel_open_approval(claim.run_id)
+        if close_history is not None:
+            close_history_of(claim.run_id, close_history)
+    return True
+
+
+def cancel_open_approval(run_id: str, by: Any = None) -> None:
+    """Inside the transaction that cancels the run: its open wait point is decided ``cancelled``."""
+    WaitPoint.objects.filter(run_id=run_id, decision__isnull=True).update(
+        decision=WaitPoint.Decision.CANCELLED,
+        decided_by=by if getattr(by, "pk", None) else None,
+        decided_at=Now(),
+        reason="run cancelled",
+    )
+
+
+def close_history_of(run_id: str, reason: str) -> None:
+    """Inside the settling transaction: every open tool call of the checkpoint gets ``reason``."""
+    checkpoint = Checkpoint.objects.filter(run_id=run_id).first()
+    if checkpoint is not None:
+        closed = answer_open_calls(checkpoint.messages, reason)
+        if len(closed) != len(checkpoint.messages):
+            write_checkpoint(run_id, checkpoint.step_index, closed, checkpoint.finish_reason)

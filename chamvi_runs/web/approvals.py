@@ -1,0 +1,59 @@
+"""Deciding an approval from the web: the JSON API, the approvals page, a websocket, the admin. Each
+passes what its client sent and shows the ApiError it may get its own way."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.views.decorators.debug import sensitive_variables
+
+from .. import api
+from ..core.nul import has_nul
+from ..errors import DecisionRefused
+from ..models import Run, WaitPoint
+from ..policy import policy
+from .errors import ApiError, unauthenticated
+
+
+# The frames of a crash below (the store's included: the filter applies to callees) are in error
+# reports with their variables; a token there would let whoever reads the mail decide the approval.
+@sensitive_variables("token")
+def decide(
+    user: Any,
+    approval_id: str,
+    approve: bool,
+    *,
+    reason: object = "",
+    token: object = None,
+    visible: Callable[[Run], bool] | None = None,
+    may_decide: Callable[[Any, Run], bool] | None = None,
+) -> WaitPoint:
+    """Approve or deny the approval ``approval_id`` as ``user``, and return the decided wait point.
+
+    ``user`` None is a caller with no session and no API token: only the wait point's ``token``
+    decides for it. Without a token, ``may_decide(user, run)`` (the policy's ``can_decide`` by
+    default) must allow it. ``visible(run)`` false hides the approval (``not_found``), as for a
+    socket the approval's run is not on. ``reason`` and ``token`` are as the client sent them.
+
+    Raises ApiError: ``not_found``, ``unauthenticated``, ``forbidden``, ``invalid_field`` (a
+    ``token`` that is not a string, a ``reason`` that is not a string or holds a NUL), or the
+    refusal's (``bad_token``, ``already_decided``, ``expired``)."""
+    # PostgreSQL refuses a NUL in any text it is sent, a lookup's too: no approval has one in its id.
+    found = WaitPoint.objects.select_related("run").filter(approval_id=approval_id)
+    waitpoint = None if has_nul(approval_id) else found.first()
+    if waitpoint is None or (visible is not None and not visible(waitpoint.run)):
+        raise ApiError(404, "not_found", f"no approval {approval_id}")
+    if token is None:
+        if user is None:
+            raise unauthenticated()
+        if not (may_decide or policy().can_decide)(user, waitpoint.run):
+            raise ApiError(403, "forbidden", "you may not decide this approval")
+    elif not isinstance(token, str):
+        raise ApiError(400, "invalid_field", "'token' must be a string")
+    if not isinstance(reason, str) or has_nul(reason):
+        raise ApiError(400, "invalid_field", "'reason' must be a string without NUL characters")
+    try:
+        return (api.approve if approve else api.deny)(approval_id, by=user, reason=reason, token=token)
+    except DecisionRefused as exc:
+        raise ApiError.of(exc) from None

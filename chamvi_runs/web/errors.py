@@ -1,0 +1,33 @@
+"""The web layer's one error: an HTTP status, a stable code and a message. The JSON API answers it as
+``{"error": {"code", "message"}}`` with the status; the pages, the websocket and the admin show the
+code and the message their own way."""
+
+from __future__ import annotations
+
+from ..errors import ChamviError, DecisionRefused, InvalidPayload, RunNotFound
+
+# A refusal whose code is not here (``run_settled``) is a 409.
+REFUSAL_STATUS = {"not_found": 404, "bad_token": 403, "already_decided": 409, "expired": 410}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+    @classmethod
+    def of(cls, exc: ChamviError) -> ApiError:
+        """What the web layer answers for an error of the Python API."""
+        if isinstance(exc, DecisionRefused):
+            return cls(REFUSAL_STATUS.get(exc.code, 409), exc.code, str(exc))
+        if isinstance(exc, InvalidPayload):
+            if exc.too_large:
+                return cls(413, "payload_too_large", str(exc))
+            return cls(400, "invalid_payload", str(exc))
+        if isinstance(exc, RunNotFound):
+            return cls(404, "not_found", str(exc))
+        return cls(409, "refused", str(exc))
+
+
+def unauthenticated() -> ApiError:
+    return ApiError(401, "unauthenticated", "log in or send 'Authorization: Bearer <token>'")
