@@ -196,7 +196,7 @@ class Execution:
 
     def loop(self, agent: Agent) -> NoReturn:
         ctx = RunContext(run=self.run_row, agent=agent, abort=self.abort)
-        messages, index = start_point(self.db, self.run_row)
+        messages, index = start_point(self.db, self.run_row, resumed=self.claim.resumed)
         tools = agent.assemble_tools(ctx)
         calls = ToolCalls(self.claim, self.abort, self.run_row, agent, tools, self.emit)
         if open_tool_calls(messages):

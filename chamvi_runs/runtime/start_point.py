@@ -13,9 +13,11 @@ from ..policy import policy
 HISTORY_CANDIDATES = 50
 
 
-def start_point(db: Store, run: Run) -> tuple[list[Message], int]:
-    """The history to go on from, and the index of the next step."""
-    saved = db.checkpoint(run.pk)
+def start_point(db: Store, run: Run, *, resumed: bool) -> tuple[list[Message], int]:
+    """The history to go on from, and the index of the next step. A run no execution started
+    (``resumed`` False) has no checkpoint to read: only an execution's steps, and decisions on the
+    runs they left waiting, write one."""
+    saved = db.checkpoint(run.pk) if resumed else None
     if saved is not None:
         messages, index = saved
         return messages, index + 1
