@@ -113,6 +113,11 @@ def _worker_backends() -> set[int]:
         return {row[0] for row in cursor.fetchall()}
 
 
+def _alone() -> set[int] | None:
+    backends = _worker_backends()
+    return backends if len(backends) == 1 else None
+
+
 def test_a_worker_keeps_its_database_connection_from_run_to_run(server, spawn):
     """Web processes use CONN_MAX_AGE=0 (ASGI); a worker reconnecting for every run would pay a
     connection per run for nothing."""
@@ -125,9 +130,10 @@ def test_a_worker_keeps_its_database_connection_from_run_to_run(server, spawn):
         for n in range(2):
             run = start_run("basic", str(n))
             wait_for(lambda r=run: _status(r.pk) == "completed", 30, worker.output)
-            # The lease keeper's own connection closes when its execution ends.
-            wait_for(lambda: len(_worker_backends()) == 1, 10, lambda: f"backends {_worker_backends()}")
-            seen.append(_worker_backends())
+            # The lease keeper's own connection closes when its execution ends. Under load a keeper
+            # may poll once more after the settle and before it stops (seen once in CI): the set
+            # recorded is the one read when the worker's own connection was alone.
+            seen.append(wait_for(_alone, 10, lambda: f"backends {_worker_backends()}"))
         assert seen[0] == seen[1]
     finally:
         worker.stop()
