@@ -175,8 +175,9 @@ class Execution:
         if not settled and status not in TERMINAL:
             # Refused: a requested cancel wins over ``interrupted`` (or the claim is lost, and the
             # cancel is refused too).
-            status = Status.CANCELLED
-            settled = self.db.settle(self.claim, status, close_history=decisions.CLOSED_BY["cancel"])
+            instead = decisions.on_refused_wait()
+            status = instead.status
+            settled = self.db.settle(self.claim, status, close_history=instead.close)
         if not settled:
             raise LeaseLostError(f"run {self.claim.run_id}: claim lost before settling")
         announce_settled(self.claim.run_id, self.broadcaster)

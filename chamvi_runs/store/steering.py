@@ -22,8 +22,6 @@ from ..models import Checkpoint, Run, RunInput, WaitPoint
 from .fence import to
 from .progress import cancel_open_approval, close_history_of, write_checkpoint
 
-CLOSED_BY_CANCEL = CLOSED_BY["cancel"]
-
 
 def cancel(run_id: str, *, by: Any = None) -> bool:
     """Cancel from any process. True: this call settled the run ``cancelled`` (no worker held it),
@@ -41,7 +39,7 @@ def cancel(run_id: str, *, by: Any = None) -> bool:
             updated_at=Now(),
         ):
             cancel_open_approval(run_id, by)
-            close_history_of(run_id, CLOSED_BY_CANCEL)
+            close_history_of(run_id, CLOSED_BY["cancel"])
             return True
         if Run.objects.filter(pk=run_id, status=Status.RUNNING).update(
             cancel_requested=True, updated_at=Now()
