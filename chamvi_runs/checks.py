@@ -21,6 +21,7 @@ E014       ``MODEL_BACKOFF_SECONDS`` is not a positive number
 E015       ``MAX_INVALID_TOOL_CALLS`` is not a positive int
 E016       ``HEARTBEAT_SECONDS`` is more than half of ``LEASE_SECONDS``
 E017       ``MAX_ATTEMPTS`` is not a positive int
+E019       ``CONCURRENCY`` is not a positive int
 W001       an unknown key in ``CHAMVI_RUNS`` (a typo?)
 W002       ``RQ['WORKER_CLASS']`` is not ``chamvi_runs.worker.Worker`` (``rq`` executor)
 E018       ``CHANNEL_LAYERS`` has no ``default`` layer: websockets and Server-Sent Events need one
@@ -124,7 +125,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
     limit = value["MAX_PAYLOAD_BYTES"]
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         errors.append(_error("MAX_PAYLOAD_BYTES", "must be a positive int", "E011"))
-    for key, id_ in (("MAX_INVALID_TOOL_CALLS", "E015"), ("MAX_ATTEMPTS", "E017")):
+    for key, id_ in (("MAX_INVALID_TOOL_CALLS", "E015"), ("MAX_ATTEMPTS", "E017"), ("CONCURRENCY", "E019")):
         count = value[key]
         if not isinstance(count, int) or isinstance(count, bool) or count < 1:
             errors.append(_error(key, f"must be a positive int, not {count!r}", id_))

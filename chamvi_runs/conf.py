@@ -25,6 +25,7 @@ DEFAULTS: dict[str, Any] = {
     "MODEL_BACKOFF_SECONDS": 0.5,
     "MAX_INVALID_TOOL_CALLS": 3,
     "MAX_ATTEMPTS": 5,
+    "CONCURRENCY": 1,
     "MODEL": "chamvi_runs.llm_openai.OpenAIModel",
 }
 
@@ -36,6 +37,11 @@ class Conf:
         value = getattr(settings, "CHAMVI_RUNS", {})
         user = value if isinstance(value, dict) else {}
         return user.get(name, DEFAULTS[name])
+
+    @property
+    def CONCURRENCY(self) -> int:
+        """Runs one RQ worker process executes at once, each in a thread."""
+        return int(self._get("CONCURRENCY"))
 
     @property
     def QUEUE(self) -> str:

@@ -1,11 +1,20 @@
 """The RQ worker class for chamvi queues: ``RQ = {"WORKER_CLASS": "chamvi_runs.worker.Worker"}``.
 
-It runs each job in the worker process itself (RQ's SimpleWorker) rather than forking a work horse
-per job: the execution's lease keeper is a thread of that process, database connections are reused
-from job to job, and SIGTERM can drain the execution in place. Web processes under ASGI must not
-keep connections (``CONN_MAX_AGE = 0``: each request's sync code runs in a thread of its own), but
-a worker is one long-lived thread: it keeps its connection, and ``close_old_connections()`` at the
-start of every execution still drops one that broke (with ``CONN_HEALTH_CHECKS``). A crash of the
+It runs jobs in the worker process itself (RQ's SimpleWorker) rather than forking a work horse per
+job: database connections are reused from job to job, the lease keeper is a thread of the process,
+and SIGTERM can drain executions in place.
+
+A process executes up to ``CONCURRENCY`` runs at once, each in a thread of its own
+(``dispatch.threads.ThreadExecutor``): a job only hands its run id to a free thread, and the worker
+takes the next job from the queue only while a thread is free, so a full worker leaves jobs to the
+others. Runs wait on the model most of the time, so threads share one process well; a tool that
+kills the process takes its siblings' executions with it, and their leases bring them back.
+
+Web processes under ASGI must not keep connections (``CONN_MAX_AGE = 0``: each request's sync code
+runs in a thread of its own), but a worker's threads are long-lived: each keeps its connection (or,
+with Django's connection pool, hands it back while its run waits on the model), and
+``close_old_connections()`` around every execution still drops one that broke (with
+``CONN_HEALTH_CHECKS``). A crash of the
 process loses no run: its lease expires and ``chamvi_tick`` re-enqueues it.
 """
 
@@ -20,12 +29,22 @@ from django.db import connections
 from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker
 
+from .conf import conf
 from .core.types import AbortSignal
+from .dispatch.threads import EXECUTION, ThreadExecutor
 
 logger = logging.getLogger(__name__)
 
 shutdown = AbortSignal()
 """Set on SIGTERM/SIGINT: executions of this process settle ``interrupted`` within seconds."""
+
+executions: ThreadExecutor | None = None
+"""The threads executing runs, in a process working as an RQ worker (``jobs.execute_run`` hands its
+run to them); None elsewhere."""
+
+DRAIN_SECONDS = 30
+"""How long a stopping worker waits for its executions to settle ``interrupted`` (they take a few
+seconds: the model call is aborted, the step in flight may finish its writes)."""
 
 
 class Worker(SimpleWorker):
@@ -34,9 +53,34 @@ class Worker(SimpleWorker):
         kwargs["serializer"] = JSONSerializer
         super().__init__(*args, **kwargs)
         for connection in connections.all():
-            if connection.settings_dict.get("CONN_MAX_AGE") == 0:
+            # A pool (Django's, for PostgreSQL) needs CONN_MAX_AGE 0, and keeps connections itself.
+            pooled = connection.settings_dict.get("OPTIONS", {}).get("pool")
+            if connection.settings_dict.get("CONN_MAX_AGE") == 0 and not pooled:
                 connection.settings_dict["CONN_MAX_AGE"] = None
+        global executions
+        if executions is None:
+            executions = ThreadExecutor(conf.CONCURRENCY, job=EXECUTION, shutdown=shutdown)
+        self.run_threads = executions
 
+    def work(self, burst: bool = False, *args: Any, **kwargs: Any) -> bool:
+        cold = False
+        try:
+            return bool(super().work(burst, *args, **kwargs))
+        except SystemExit:
+            cold = True  # a second signal: leave now, the leases bring the runs back
+            raise
+        finally:
+            if not cold:
+                self._drain(burst)
+
+    def _drain(self, burst: bool) -> None:
+        if burst and not shutdown.is_set():
+            # The queue is empty: what was taken still executes to its end.
+            self.run_threads.wait_idle(None)
+            return
+        shutdown.set("drain")
+        if not self.run_threads.wait_idle(DRAIN_SECONDS):
+            logger.warning("%d executions did not settle within %d s", self.run_threads.busy(), DRAIN_SECONDS)
     def request_stop(self, signum: Any, frame: Any) -> None:
         shutdown.set("drain")
         super().request_stop(signum, frame)
@@ -69,6 +113,9 @@ class Worker(SimpleWorker):
         self._unless_redis_away("maintenance", super().run_maintenance_tasks)
 
     def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
+        # A job is taken only when a thread is free to start it: a full worker leaves jobs to others.
+        while not self.run_threads.wait_for_free(1.0):
+            self.heartbeat()
         # It waits for Redis itself once it is listening; what it writes before (its state) does not.
         while True:
             try:

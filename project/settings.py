@@ -29,7 +29,7 @@ def database_from_url(url: str) -> dict:
             "PASSWORD": unquote(parts.password or ""),
             "HOST": parts.hostname or "",
             "PORT": str(parts.port or ""),
-            "OPTIONS": dict(parse_qsl(parts.query)),
+            "OPTIONS": _postgres_options(dict(parse_qsl(parts.query))),
             # Django under ASGI serves each request's sync code in a thread of its own: a persistent
             # connection would outlive it, one per request, until PostgreSQL runs out. Health checks
             # let long-lived workers survive a database restart.
@@ -42,6 +42,22 @@ def database_from_url(url: str) -> dict:
             path = path[1:]
         return _sqlite(path or str(BASE_DIR / "db.sqlite3"))
     raise ValueError(f"DATABASE_URL: unsupported scheme {parts.scheme!r} (use postgres:// or sqlite:///)")
+
+
+def _postgres_options(options: dict) -> dict:
+    """``?pool=N``: Django's connection pool of at most N connections per process (psycopg_pool).
+    A worker at ``CHAMVI_CONCURRENCY`` above a few needs one: its threads hand their connection
+    back while their runs wait on the model. With ``CONN_HEALTH_CHECKS`` Django has the pool check
+    a connection before handing it out, so a database restart costs no run."""
+    if "pool" in options:
+        size = int(options.pop("pool"))
+        if size > 0:
+            options["pool"] = {
+                "min_size": 1,
+                "max_size": size,
+                "timeout": 30,
+            }
+    return options
 
 
 def _sqlite(name: str) -> dict:
@@ -147,6 +163,8 @@ RQ = {"WORKER_CLASS": "chamvi_runs.worker.Worker"}
 OPENAI_API_KEY = os.environ.get("OPENAI_API_KEY", "")
 CHAMVI_RUNS = {
     "EXECUTOR": EXECUTOR,
+    # Runs one worker process executes at once (an extension of SPEC §10's variables).
+    "CONCURRENCY": int(os.environ.get("CHAMVI_CONCURRENCY", "1")),
     "OPENAI": {
         k: v
         for k, v in {"api_key": OPENAI_API_KEY, "base_url": os.environ.get("OPENAI_BASE_URL")}.items()

@@ -366,7 +366,7 @@ def test_a_worker_whose_renewals_fail_stops_before_its_lease_runs_out(server, mo
     def unreachable(*args, **kwargs):
         raise OperationalError("the database is unreachable")
 
-    monkeypatch.setattr(store, "renew", unreachable)
+    monkeypatch.setattr(store, "renew_many", unreachable)
     started = time.monotonic()
     execute(run)
     took = time.monotonic() - started

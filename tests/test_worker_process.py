@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from django.db import connection
 
-from chamvi_runs import start_run
+from chamvi_runs import cancel_run, start_run
 from chamvi_runs.models import Run, Step
 from chamvi_runs.runtime.janitor import tick_once
 from tests.helpers import events, expire_lease
@@ -169,3 +169,70 @@ def test_sigkill_mid_stream_is_recovered_by_the_janitor(server, spawn):
     wait_for(lambda: _last_event(run) == "run.end", 10, lambda: "run.end\n" + rescuer.output())
     attempts = sorted({e.get("attempt") for e in events(run) if e["type"] == "delta"})
     assert attempts == [1, 2], "the retry's events carry a higher attempt"
+
+
+def _concurrent_worker(server, spawned: list[WorkerProcess], concurrency: int, pool: int) -> WorkerProcess:
+    env = worker_env(server.base_url, CHAMVI_CONCURRENCY=str(concurrency))
+    env["DATABASE_URL"] += f"?pool={pool}&application_name={WORKER_APP}"
+    worker = WorkerProcess(env)
+    spawned.append(worker)
+    return worker
+
+
+@pytest.fixture
+def spawned() -> Iterator[list[WorkerProcess]]:
+    workers: list[WorkerProcess] = []
+    yield workers
+    for worker in workers:
+        worker.stop()
+
+
+def test_a_worker_executes_up_to_concurrency_runs_at_once_on_a_few_pooled_connections(server, spawned):
+    """CONCURRENCY runs execute in one process, each thread handing its pooled connection back
+    while its model thinks; a cancel reaches its run among the others, and a freed thread takes
+    the next queued run."""
+    server.script("m-basic", [Reply(text("thinking "), delay(4), text("done"), finish("stop"))] * 6)
+    worker = _concurrent_worker(server, spawned, concurrency=4, pool=2)
+    runs = [start_run("basic", str(n)) for n in range(6)]
+    wait_for(lambda: len(server.requests_for("m-basic")) == 4, 30, worker.output)
+    # The first four think for 4 s: no fifth call can start before one of them ends.
+    held = Run.objects.filter(pk__in=[r.pk for r in runs], claim_owner__isnull=False)
+    assert held.count() == 4 and len({r.claim_owner for r in held}) == 4
+    assert Run.objects.filter(pk__in=[r.pk for r in runs], status="queued").count() == 2
+    assert len(_worker_backends()) <= 2, "four executions share the pool's two connections"
+    cancelled = held.first()
+    assert cancelled is not None
+    cancel_run(cancelled.pk)
+    wait_for(lambda: _status(cancelled.pk) == "cancelled", 10, worker.output)
+    wait_for(
+        lambda: all(_status(r.pk) in ("completed", "cancelled") for r in runs),
+        40,
+        lambda: f"every run to end: {[_status(r.pk) for r in runs]}\n{worker.output()}",
+    )
+    assert [_status(r.pk) for r in runs].count("completed") == 5
+    assert len(server.requests_for("m-basic")) == 6, "the cancelled run's call was its only one"
+    assert Run.objects.get(pk=runs[-1].pk).output == "thinking done"
+
+
+def test_sigterm_drains_every_execution_of_a_concurrent_worker(server, spawned):
+    server.script("m-basic", [Reply(text("still "), delay(20), text("thinking"), finish("stop"))] * 3)
+    first = _concurrent_worker(server, spawned, concurrency=3, pool=3)
+    runs = [start_run("basic", str(n)) for n in range(3)]
+    wait_for(
+        lambda: all(any(e["type"] == "delta" for e in events(r)) for r in runs),
+        30,
+        lambda: "a delta of every run\n" + first.output(),
+    )
+    first.signal(signal.SIGTERM)
+    assert first.wait(15) == 0, first.output()
+    for run in runs:
+        run.refresh_from_db()
+        assert run.status == "interrupted" and run.claim_owner is None
+    server.script("m-basic", [Reply(text("resumed answer"), finish("stop"))] * 3)
+    second = _concurrent_worker(server, spawned, concurrency=3, pool=3)
+    wait_for(
+        lambda: all(_status(r.pk) == "completed" for r in runs),
+        30,
+        lambda: "resumed on another worker\n" + second.output(),
+    )
+    assert {Run.objects.get(pk=r.pk).output for r in runs} == {"resumed answer"}

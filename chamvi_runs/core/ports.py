@@ -4,7 +4,7 @@ through, the model it streams, and the broadcaster its events go out by. The Dja
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Sequence
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -37,6 +37,8 @@ class Store(Protocol):
     def claim(self, run_id: str, owner: str, lease_seconds: float) -> Claim | None: ...
 
     def renew(self, claim: Claim, lease_seconds: float, *, usage: Usage = ...) -> bool: ...
+
+    def renew_many(self, claims: Sequence[Claim], lease_seconds: float) -> set[str]: ...
 
     def count_model_call(self, claim: Claim) -> bool: ...
 
@@ -96,3 +98,8 @@ class Store(Protocol):
     def resumed_decision(self, run_id: str) -> Any | None: ...
 
     def cancel_requested(self, run_id: str) -> bool: ...
+
+    # --- the connection, between writes ---
+    def hand_back(self) -> None: ...
+
+    def cancels_among(self, run_ids: Collection[str]) -> set[str]: ...

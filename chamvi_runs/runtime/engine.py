@@ -39,7 +39,7 @@ from ..models import Run
 from ..streaming.broadcast import ChannelsBroadcaster
 from ..streaming.serializers import decision_json
 from .artifacts import ArtifactReader
-from .lease_keeper import LeaseKeeper
+from .lease_keeper import Lease, keeper
 from .lifecycle import announce_settled
 from .notifications import notify
 from .start_point import start_point
@@ -88,6 +88,7 @@ class Execution:
         self.broadcaster: Broadcaster = ChannelsBroadcaster(self.run_row.thread)
         self.artifacts = ArtifactReader()
         self.invalid_streak = 0
+        self.lease: Lease | None = None
         # Budgets count across executions: start from what earlier ones used.
         self.model_calls = self.run_row.model_calls
         self.tokens = self.run_row.input_tokens + self.run_row.output_tokens
@@ -96,15 +97,13 @@ class Execution:
 
     def run(self) -> str | None:
         unsubscribe = self.shutdown.on_set(lambda: self.abort.set("drain")) if self.shutdown else None
-        keeper: LeaseKeeper | None = None
         try:
             self.carry_out(decisions.on_claim(self.claim, conf.MAX_ATTEMPTS))
             try:
                 agent = registry.get(self.run_row.agent)
             except AgentNotFound as exc:
                 self.settle(Settle(Status.FAILED, (ErrorCode.AGENT_NOT_FOUND, str(exc))))
-            keeper = LeaseKeeper(self.claim, self.abort, agent.budget.deadline(time.monotonic()), self.db)
-            keeper.start()
+            self.lease = keeper.keep(self.claim, self.abort, agent.budget.deadline(time.monotonic()), self.db)
             if self.claim.resumed:
                 decided = self.db.resumed_decision(self.claim.run_id)
                 extra = {"decision": decision_json(decided)} if decided is not None else {}
@@ -141,8 +140,8 @@ class Execution:
                 logger.exception("run %s: could not settle after a crash", self.claim.run_id)
                 return None
         finally:
-            if keeper is not None:
-                keeper.stop()
+            if self.lease is not None:
+                self.lease.stop()
             if unsubscribe:
                 unsubscribe()
             self.broadcaster.flush()
@@ -180,6 +179,8 @@ class Execution:
             settled = self.db.settle(self.claim, status, close_history=instead.close)
         if not settled:
             raise LeaseLostError(f"run {self.claim.run_id}: claim lost before settling")
+        if self.lease is not None:
+            self.lease.stop()  # nothing is left to renew or cancel
         announce_settled(self.claim.run_id, self.broadcaster)
         raise Settled(status)
 
@@ -303,6 +304,8 @@ class Execution:
                 Run, run_id=self.claim.run_id, step=index, attempt=attempt, kind=kind, text=text
             )
 
+        # Nothing is written until the call returns: a pooled connection serves others meanwhile.
+        self.db.hand_back()
         try:
             turn = model().stream(request, on_delta, self.abort)
         except Aborted:

@@ -26,7 +26,8 @@ runtime talks to: it satisfies ``core.ports.Store``.
 from __future__ import annotations
 
 from ..core.records import CallRef, Claim, StepRecord, arguments_hash, hash_token
-from .claims import claim, count_model_call, renew
+from .claims import claim, count_model_call, renew, renew_many
+from .connections import hand_back
 from .creating import create_run, thread_for
 from .effects import effect_record, lock_for_effect, record_effect
 from .notifying import (
@@ -41,6 +42,7 @@ from .progress import CLOSED_AT_END, back_to_waiting, open_wait, save_step, sett
 from .queries import (
     approved_calls,
     cancel_requested,
+    cancels_among,
     checkpoint,
     earlier_thread_histories,
     last_model_step,
@@ -63,6 +65,7 @@ __all__ = [
     "back_to_waiting",
     "cancel",
     "cancel_requested",
+    "cancels_among",
     "checkpoint",
     "claim",
     "count_model_call",
@@ -71,6 +74,7 @@ __all__ = [
     "earlier_thread_histories",
     "effect_record",
     "fail_expired_wait",
+    "hand_back",
     "hash_token",
     "last_model_step",
     "lock_for_effect",
@@ -82,6 +86,7 @@ __all__ = [
     "record_effect",
     "reissue_token",
     "renew",
+    "renew_many",
     "resumed_decision",
     "run",
     "save_step",

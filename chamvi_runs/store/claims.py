@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from django.db import transaction
@@ -12,7 +13,7 @@ from ..core.records import Claim
 from ..core.states import CLAIMABLE, Status
 from ..core.types import NO_USAGE, Usage
 from ..models import Run
-from .fence import in_seconds, to, update_held, waits_for_elder
+from .fence import held, in_seconds, to, update_held, waits_for_elder
 
 
 def _blocked(run: Run) -> bool:
@@ -88,6 +89,20 @@ def renew(claim: Claim, lease_seconds: float, *, usage: Usage = NO_USAGE) -> boo
             output_tokens=F("output_tokens") + usage.output_tokens,
         )
     return update_held(claim, claim_expires_at=in_seconds(lease_seconds), **extra)
+
+
+def renew_many(claims: Sequence[Claim], lease_seconds: float) -> set[str]:
+    """Extend the leases of every claim in one statement (a worker process's lease keeper keeps all
+    its executions' claims). Returns the run ids still held; the others' claims are lost."""
+    if not claims:
+        return set()
+    fence = Q(pk__in=[])
+    for one in claims:
+        fence |= held(one)
+    if Run.objects.filter(fence).update(claim_expires_at=in_seconds(lease_seconds)) == len(claims):
+        return {one.run_id for one in claims}
+    # Some claim is lost: the fence still tells which rows are held (and were just renewed).
+    return set(Run.objects.filter(fence).values_list("pk", flat=True))
 
 
 def count_model_call(claim: Claim) -> bool:

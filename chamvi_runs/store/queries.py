@@ -3,6 +3,7 @@ other modules of ``store``."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import timedelta
 from typing import Any
 
@@ -65,6 +66,13 @@ def approved_calls(run_id: str, model_step: int) -> dict[int, str]:
 
 def cancel_requested(run_id: str) -> bool:
     return Run.objects.filter(pk=run_id, cancel_requested=True).exists()
+
+
+def cancels_among(run_ids: Collection[str]) -> set[str]:
+    """Which of ``run_ids`` have a cancel requested: one read for every execution of a process."""
+    if not run_ids:
+        return set()
+    return set(Run.objects.filter(pk__in=list(run_ids), cancel_requested=True).values_list("pk", flat=True))
 
 
 def pending_inputs(run_id: str) -> list[RunInput]:
