@@ -22,6 +22,7 @@ E015       ``MAX_INVALID_TOOL_CALLS`` is not a positive int
 E016       ``HEARTBEAT_SECONDS`` is more than half of ``LEASE_SECONDS``
 E017       ``MAX_ATTEMPTS`` is not a positive int
 E019       ``CONCURRENCY`` is not a positive int
+E020       ``STREAM_COALESCE_SECONDS`` is not a number >= 0
 W001       an unknown key in ``CHAMVI_RUNS`` (a typo?)
 W002       ``RQ['WORKER_CLASS']`` is not ``chamvi_runs.worker.Worker`` (``rq`` executor)
 E018       ``CHANNEL_LAYERS`` has no ``default`` layer: websockets and Server-Sent Events need one
@@ -122,6 +123,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
             import_string(value[key])
         except Exception as exc:  # an import that fails in any way is this setting's error, not a crash
             errors.append(_error(key, f"cannot be imported: {type(exc).__name__}: {exc}", id_))
+    window = value["STREAM_COALESCE_SECONDS"]
+    if not (_positive(window) or (window == 0 and not isinstance(window, bool))):
+        errors.append(_error("STREAM_COALESCE_SECONDS", f"must be a number >= 0, not {window!r}", "E020"))
     limit = value["MAX_PAYLOAD_BYTES"]
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         errors.append(_error("MAX_PAYLOAD_BYTES", "must be a positive int", "E011"))

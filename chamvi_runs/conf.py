@@ -21,6 +21,7 @@ DEFAULTS: dict[str, Any] = {
     "OPENAI": {},
     "POLICY": "chamvi_runs.policy.DefaultPolicy",
     "STREAM_BUFFER_SECONDS": 300,
+    "STREAM_COALESCE_SECONDS": 0.005,
     "MAX_PAYLOAD_BYTES": 256 * 1024,
     "MODEL_BACKOFF_SECONDS": 0.5,
     "MAX_INVALID_TOOL_CALLS": 3,
@@ -42,6 +43,11 @@ class Conf:
     def CONCURRENCY(self) -> int:
         """Runs one RQ worker process executes at once, each in a thread."""
         return int(self._get("CONCURRENCY"))
+
+    @property
+    def STREAM_COALESCE_SECONDS(self) -> float:
+        """How long a delta waits for the next ones of its step, to go out merged with them."""
+        return float(self._get("STREAM_COALESCE_SECONDS"))
 
     @property
     def QUEUE(self) -> str:

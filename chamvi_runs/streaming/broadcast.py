@@ -9,8 +9,10 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from typing import Any
 
+from ..conf import conf
 from .buffer import MemoryEventLog, RedisEventLog, event_log
 
 logger = logging.getLogger(__name__)
@@ -155,16 +157,30 @@ class EventWriter:
 
     def _run(self) -> None:
         while True:
-            batch = [self._queue.get()]
-            while len(batch) < self.BATCH:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
+            batch = self._gather(self._queue.get())
             self._write([item for item in batch if isinstance(item, tuple)])
             for item in batch:
                 if isinstance(item, threading.Event):
                     item.set()
+
+    def _gather(self, first: Any) -> list[Any]:
+        """``first`` and what follows it: everything queued, and while the latest is a delta, what
+        arrives within ``STREAM_COALESCE_SECONDS`` of ``first``. A model streams deltas of a few
+        characters each; merged, they cost one buffered and one sent event instead of dozens, and
+        a client renders the same text (a flush, or any other event, ends the wait at once)."""
+        batch = [first]
+        deadline = time.monotonic() + conf.STREAM_COALESCE_SECONDS
+        while len(batch) < self.BATCH:
+            try:
+                latest = batch[-1]
+                left = deadline - time.monotonic()
+                if isinstance(latest, tuple) and latest[2].get("type") == "delta" and left > 0:
+                    batch.append(self._queue.get(timeout=left))
+                else:
+                    batch.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return batch
 
     def _write(self, items: list[tuple[Any, str, dict[str, Any], list[str]]]) -> None:
         items = _coalesce(items)
