@@ -53,6 +53,22 @@ class Store(Protocol):
         consumed_inputs: Iterable[str] = ...,
     ) -> bool: ...
 
+    def save_and_settle(
+        self,
+        claim: Claim,
+        steps: list[StepRecord],
+        messages: list[Message],
+        *,
+        finish_reason: str,
+        usage: Usage,
+        consumed_inputs: Iterable[str],
+        status: Status,
+        output: Any = ...,
+        error_code: str = ...,
+        error_message: str = ...,
+        unless_input: bool = ...,
+    ) -> bool | None: ...
+
     def open_wait(
         self,
         claim: Claim,

@@ -343,11 +343,13 @@ class Execution:
             self.invalid_streak = decisions.invalid_streak(self.invalid_streak, answered.steps)
             self.carry_out(decisions.streak_gate(self.invalid_streak, conf.MAX_INVALID_TOOL_CALLS))
             return answered.messages, answered.steps[-1].index + 1
-        self.save([llm], messages, usage=turn.usage, inputs=inputs)
-        if self.db.pending_inputs(self.claim.run_id):
-            # Input arrived while the model answered: it gets another turn to take it into account.
-            return messages, index + 1
-        self.finish(agent, turn.text)
+        try:
+            output, decision = agent.parse_output(turn.text), Settle(Status.COMPLETED)
+        except ValueError as exc:
+            output, decision = None, Settle(Status.FAILED, (ErrorCode.INVALID_OUTPUT, str(exc)))
+        # Input that arrived while the model answered gets another turn to take it into account.
+        self.conclude([llm], messages, turn.usage, inputs, decision, output, unless_input=True)
+        return messages, index + 1
 
     def save(
         self,
@@ -412,13 +414,49 @@ class Execution:
     ) -> NoReturn:
         # The text so far is kept; tool calls of a broken turn never run.
         llm.error, decision = decisions.broken(turn)
-        self.save(
-            [llm], [*messages, turn.assistant_message(with_tool_calls=False)], usage=turn.usage, inputs=inputs
-        )
         self.emit(
             "step.end", step=llm.index, attempt=self.claim.attempt, finish_reason=llm.output["finish_reason"]
         )
-        self.settle(decision)
+        history = [*messages, turn.assistant_message(with_tool_calls=False)]
+        self.conclude([llm], history, turn.usage, inputs, decision)
+        raise AssertionError("a broken turn settles the run")
+
+    def conclude(
+        self,
+        steps: list[StepRecord],
+        messages: list[Message],
+        usage: Usage,
+        inputs: Sequence[str],
+        decision: Settle,
+        output: Any = None,
+        *,
+        unless_input: bool = False,
+    ) -> None:
+        """Save the step that ends the run and settle it, in one transaction. Returns only when
+        ``unless_input`` and input arrived meanwhile: the step is saved, and the run goes on."""
+        code, message = decision.error or ("", "")
+        llm = (steps[0].output or {}) if steps[0].kind == "llm" else {}
+        settled = self.db.save_and_settle(
+            self.claim,
+            steps,
+            messages,
+            finish_reason=llm.get("finish_reason") or "",
+            usage=usage,
+            consumed_inputs=inputs,
+            status=decision.status,
+            output=output,
+            error_code=code,
+            error_message=message,
+            unless_input=unless_input,
+        )
+        if settled is None:
+            raise LeaseLostError(f"run {self.claim.run_id}: claim lost before saving steps")
+        signals.step_saved.send(Run, run_id=self.claim.run_id, steps=steps)
+        if settled:
+            if self.lease is not None:
+                self.lease.stop()
+            announce_settled(self.claim.run_id, self.broadcaster)
+            raise Settled(decision.status)
 
 
 __all__ = ["Execution", "Settled", "execute", "worker_identity"]

@@ -38,7 +38,7 @@ from .notifying import (
     reissue_token,
     take_notification,
 )
-from .progress import CLOSED_AT_END, back_to_waiting, open_wait, save_step, settle
+from .progress import CLOSED_AT_END, back_to_waiting, open_wait, save_and_settle, save_step, settle
 from .queries import (
     approved_calls,
     cancel_requested,
@@ -89,6 +89,7 @@ __all__ = [
     "renew_many",
     "resumed_decision",
     "run",
+    "save_and_settle",
     "save_step",
     "settle",
     "take_notification",

@@ -187,19 +187,48 @@ def back_to_waiting(claim: Claim) -> bool:
     )
 
 
-def settle(
+def save_and_settle(
     claim: Claim,
-    status: Status,
+    steps: list[StepRecord],
+    messages: list[Message],
     *,
+    finish_reason: str,
+    usage: Usage,
+    consumed_inputs: Iterable[str],
+    status: Status,
     output: Any = None,
     error_code: str = "",
     error_message: str = "",
-    close_history: str | None = None,
-) -> bool:
-    """Final write of an execution: a terminal status, or ``interrupted``. Releases the claim.
-    A terminal settle answers every open tool call in the checkpoint (with ``close_history``, or a
-    generic text), so a thread can always continue. False, nothing written: the claim is lost, or
-    (``interrupted`` only) a cancel was requested, which wins."""
+    unless_input: bool = False,
+) -> bool | None:
+    """The step that ends a run (a final answer, a broken model turn) and its terminal settle, in
+    one transaction. With ``unless_input``, input that arrived while the model answered (not among
+    ``consumed_inputs``) keeps the run going: the step is saved and the run is not settled.
+    True: saved and settled. False: saved, not settled (the run goes on). None: the claim is lost,
+    and nothing was written."""
+    assert status in TERMINAL
+    consumed = list(consumed_inputs)
+    try:
+        with transaction.atomic():
+            _record(claim, steps, answer_open_calls(messages, CLOSED_AT_END), finish_reason, usage, consumed)
+            # The run row is locked now and add_input locks it too: an input that is not seen here
+            # is refused, once this commits, as one sent to a settled run.
+            if unless_input and RunInput.objects.filter(
+                run_id=claim.run_id, consumed_step__isnull=True
+            ).exclude(pk__in=consumed).exists():
+                settled = False
+            else:
+                crash_point("before_settle")
+                update_held(claim, **_settled_fields(status, output, error_code, error_message))
+                settled = True
+            crash_point("before_step_commit")
+    except _Refused:
+        return None
+    crash_point("after_step_commit")
+    return settled
+
+
+def _settled_fields(status: Status, output: Any, error_code: str, error_message: str) -> dict[str, Any]:
     fields: dict[str, Any] = {
         "status": status,
         "claim_owner": None,
@@ -214,6 +243,24 @@ def settle(
             error_message=without_nul(error_message),
             finished_at=Now(),
         )
+    return fields
+
+
+def settle(
+    claim: Claim,
+    status: Status,
+    *,
+    output: Any = None,
+    error_code: str = "",
+    error_message: str = "",
+    close_history: str | None = None,
+) -> bool:
+    """Final write of an execution: a terminal status, or ``interrupted``. Releases the claim.
+    A terminal settle answers every open tool call in the checkpoint (with ``close_history``, or a
+    generic text), so a thread can always continue. False, nothing written: the claim is lost, or
+    (``interrupted`` only) a cancel was requested, which wins."""
+    fields = _settled_fields(status, output, error_code, error_message)
+    if status in TERMINAL:
         close_history = close_history or CLOSED_AT_END
     with transaction.atomic():
         if not update_held(claim, unless_cancelled=status not in TERMINAL, where=to(status), **fields):
