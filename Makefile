@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test soak bench worker tick clean screenshots
+.PHONY: demo test soak bench bench-overhead worker tick clean screenshots
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -39,8 +39,15 @@ soak: $(STAMP)
 screenshots: $(STAMP)
 	CHAMVI_SCREENSHOTS=docs/screenshots $(PY) -m pytest tests/browser -q
 
+# chamvi_runs beside the bare openai calls, raw SQL, LangGraph and DBOS (docs/benchmarks.md and .png).
+# The peers and matplotlib go into venvs of their own under $CHAMVI_BENCH_HOME, never into $(VENV).
+# BENCH_ARGS passes options, e.g. make bench BENCH_ARGS="--systems bare,chamvi --reps 1".
 bench: $(STAMP)
-	$(PY) bench/run.py
+	$(PY) bench/compare.py $(BENCH_ARGS)
+
+# The engine's in-process overhead against the bare openai client (docs/performance.md).
+bench-overhead: $(STAMP)
+	$(PY) bench/overhead.py
 
 worker: $(STAMP)
 	$(PY) manage.py rqworker chamvi

@@ -1,6 +1,8 @@
-"""Engine overhead against the bare openai client, measured in the same run.
+"""Engine overhead against the bare openai client, measured in the same run, in one process.
 
-    make bench            # or: .venv/bin/python bench/run.py [--runs 200]
+    make bench-overhead   # or: .venv/bin/python bench/overhead.py [--runs 200]
+
+(``make bench`` is the comparison with the peers, bench/compare.py: docs/benchmarks.md.)
 
 Both sides stream the same scripted replies from tests/scripted_server.py over real HTTP through
 the real openai client. The baseline makes the model calls alone; chamvi_runs executes whole runs
