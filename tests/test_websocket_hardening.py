@@ -12,7 +12,7 @@ from channels.layers import get_channel_layer
 
 from chamvi_runs import start_run
 from chamvi_runs.models import Run, RunInput, WaitPoint
-from chamvi_runs.streaming.broadcast import ChannelsBroadcaster, publisher
+from chamvi_runs.streaming.broadcast import ChannelsBroadcaster, events_of, message_of, publisher
 from chamvi_runs.web import consumers
 from tests.helpers import events, make_user
 from tests.scripted_server import Reply, delay, finish, text
@@ -185,12 +185,14 @@ class LossyLayer:
         monkeypatch.setattr(layer, "group_send", self.group_send)
 
     async def group_send(self, group: str, message: dict[str, Any]) -> None:
-        event = message.get("event", {})
-        if self.lose(event):
-            self.lost.append(event["seq"])
-            return
-        for _ in range(2 if event.get("seq") in self.twice else 1):
-            await self.original(group, message)
+        kept = []
+        for event in events_of(message):
+            if self.lose(event):
+                self.lost.append(event["seq"])
+                continue
+            kept += [event] * (2 if event.get("seq") in self.twice else 1)
+        if kept:
+            await self.original(group, message_of(kept))
 
 
 def test_events_the_layer_loses_are_sent_from_the_buffer_once_each_in_order(

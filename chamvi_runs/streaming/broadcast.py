@@ -10,12 +10,14 @@ import logging
 import queue
 import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..conf import conf
 from .buffer import MemoryEventLog, RedisEventLog, event_log
 
 logger = logging.getLogger(__name__)
+
+PUBLISH_TIMEOUT = 5.0
 
 
 def run_group(run_id: str) -> str:
@@ -27,6 +29,25 @@ def thread_group(thread: str) -> str:
     import hashlib
 
     return f"chamvi.thread.{hashlib.sha256(thread.encode()).hexdigest()[:40]}"
+
+
+def message_of(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The channel layer message that carries ``events`` (of one batch, in seq order) to a group."""
+    return {"type": "chamvi.event", "events": events}
+
+
+def events_of(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """The events a ``chamvi.event`` message carries (one ``event`` from a worker of an older version)."""
+    events = message.get("events")
+    if isinstance(events, list):
+        return [event for event in events if isinstance(event, dict)]
+    event = message.get("event")
+    return [event] if isinstance(event, dict) else []
+
+
+class Sends(NamedTuple):
+    messages: list[tuple[str, dict[str, Any]]]
+    done: threading.Event
 
 
 class Publisher:
@@ -41,7 +62,7 @@ class Publisher:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._queue: asyncio.Queue[tuple[str, dict[str, Any]] | None] | None = None
+        self._queue: asyncio.Queue[Sends | None] | None = None
         self._task: asyncio.Task[None] | None = None
 
     def use_loop(self) -> None:
@@ -78,28 +99,36 @@ class Publisher:
             assert self._loop is not None
             return self._loop
 
-    async def _drain(self, queue: asyncio.Queue[tuple[str, dict[str, Any]] | None]) -> None:
+    async def _drain(self, queue: asyncio.Queue[Sends | None]) -> None:
         from channels.layers import get_channel_layer
 
         while True:
             item = await queue.get()
             if item is None:
                 return
-            group, message = item
             try:
                 layer = get_channel_layer()
                 if layer is not None:
-                    await layer.group_send(group, message)
-            except Exception:
-                logger.warning("could not broadcast to %s", group, exc_info=True)
+                    # Different groups at once; one group's messages stay in order, batch by batch.
+                    results = await asyncio.gather(
+                        *(layer.group_send(group, message) for group, message in item.messages),
+                        return_exceptions=True,
+                    )
+                    for (group, _), result in zip(item.messages, results, strict=True):
+                        if isinstance(result, BaseException):
+                            logger.warning("could not broadcast to %s", group, exc_info=result)
             finally:
+                item.done.set()
                 queue.task_done()
 
-    def send(self, group: str, message: dict[str, Any]) -> None:
+    def send(self, messages: list[tuple[str, dict[str, Any]]]) -> threading.Event:
+        """Send each (group, message); the returned event is set once all were handed to the layer."""
         loop = self._ensure()
         queue = self._queue
         assert queue is not None
-        loop.call_soon_threadsafe(queue.put_nowait, (group, message))
+        item = Sends(messages, threading.Event())
+        loop.call_soon_threadsafe(queue.put_nowait, item)
+        return item.done
 
     def flush(self, timeout: float = 5) -> bool:
         """Wait until everything sent so far has been delivered to the layer's groups (a test that
@@ -184,6 +213,7 @@ class EventWriter:
 
     def _write(self, items: list[tuple[Any, str, dict[str, Any], list[str]]]) -> None:
         items = _coalesce(items)
+        outgoing: dict[str, list[dict[str, Any]]] = {}
         # Consecutive items of one log go out in one batch; logs differ only when settings change.
         start = 0
         while start < len(items):
@@ -199,10 +229,17 @@ class EventWriter:
             for event, (_, _, _, groups) in zip(stamped, chunk, strict=False):
                 if event is None:
                     continue  # a region already holds it
-                message = {"type": "chamvi.event", "event": event}
                 for group in groups:
-                    publisher.send(group, message)
+                    outgoing.setdefault(group, []).append(event)
             start = end
+        if outgoing:
+            sent = publisher.send([(group, message_of(events)) for group, events in outgoing.items()])
+            # Wait for the layer before the next batch: while it is slow, the deltas queued here
+            # meanwhile go out merged, so a busy process sends fewer, larger events instead of
+            # falling behind. Every event is in the replay buffer already: a layer that does not
+            # answer in time costs live delivery, which clients repair from the buffer.
+            if not sent.wait(PUBLISH_TIMEOUT):
+                logger.warning("the channel layer took over %s s to take a batch of events", PUBLISH_TIMEOUT)
 
 
 def _coalesce(

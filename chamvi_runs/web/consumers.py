@@ -44,7 +44,7 @@ from ..core.numbers import ascii_int
 from ..errors import ChamviError
 from ..models import Run, Thread
 from ..policy import policy
-from ..streaming.broadcast import run_group, thread_group
+from ..streaming.broadcast import events_of, run_group, thread_group
 from ..streaming.buffer import MARKER
 from ..streaming.replay import missed_after, replay_after
 from .approvals import decide
@@ -165,7 +165,8 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         return True
 
     async def chamvi_event(self, message: dict[str, Any]) -> None:
-        await self._deliver(message["event"])
+        for event in events_of(message):
+            await self._deliver(event)
 
     async def _deliver(self, event: dict[str, Any]) -> None:
         """A live event: first what the layer lost before it, if anything."""
@@ -343,15 +344,15 @@ class ThreadConsumer(RunConsumer):
         return {run.pk: bool(policy().can_view(self.user, run)) for run in reversed(runs)}
 
     async def chamvi_event(self, message: dict[str, Any]) -> None:
-        event = message["event"]
-        run_id = event.get("run_id", "")
-        if run_id not in self.visible:
-            # A run started in the thread after this socket connected, or one older than the replay.
-            self.visible[run_id] = await database_sync_to_async(self._can_view)(run_id)
+        for event in events_of(message):
+            run_id = event.get("run_id", "")
+            if run_id not in self.visible:
+                # A run started in the thread after this socket connected, or one older than the replay.
+                self.visible[run_id] = await database_sync_to_async(self._can_view)(run_id)
+                if self.visible[run_id]:
+                    self.active.add(run_id)
             if self.visible[run_id]:
-                self.active.add(run_id)
-        if self.visible[run_id]:
-            await self._deliver(event)
+                await self._deliver(event)
 
     def _target(self, content: dict[str, Any]) -> Run | None:
         """A steering message on a thread socket names its run, which must be of this thread."""

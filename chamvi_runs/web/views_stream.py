@@ -35,7 +35,7 @@ from django.http import HttpRequest, StreamingHttpResponse
 from ..core.numbers import ascii_int
 from ..core.states import TERMINAL
 from ..models import Run
-from ..streaming.broadcast import publisher, run_group
+from ..streaming.broadcast import events_of, publisher, run_group
 from ..streaming.replay import missed_after, replay_after
 from .errors import ApiError
 from .views_api import _run_for, api_view
@@ -122,7 +122,7 @@ class _Follower:
             # Also renews the membership, which the layer expires (a day by default).
             await self.layer.group_add(self.group, self.channel)
 
-    async def next(self, timeout: float) -> dict[str, Any] | None:
+    async def next(self, timeout: float) -> list[dict[str, Any]] | None:
         if self.layer is None:
             await asyncio.sleep(min(timeout, NO_LAYER_POLL_SECONDS))
             return None
@@ -139,8 +139,7 @@ class _Follower:
             logger.warning("SSE: could not receive from %s", self.group, exc_info=True)
             await asyncio.sleep(QUIET_SECONDS)
             return None
-        event = message.get("event") if isinstance(message, dict) else None
-        return event if isinstance(event, dict) else None
+        return (events_of(message) or None) if isinstance(message, dict) else None
 
     async def leave(self) -> None:
         if self.pending is not None:
@@ -194,16 +193,17 @@ async def _events(run_id: str, after: int) -> AsyncIterator[str]:
             deadlines = [spoke + KEEPALIVE_SECONDS, heard + quiet, checked + STATUS_SECONDS]
             if settled_at is not None:
                 deadlines.append(settled_at + SETTLE_GRACE_SECONDS)
-            event = await follower.next(min(deadlines) - loop.time())
+            live = await follower.next(min(deadlines) - loop.time())
             now = loop.time()
             frames: list[str] = []
             try:
-                if event is not None:
+                if live is not None:
                     heard, quiet = now, QUIET_SECONDS
-                    seq = event.get("seq")
-                    if isinstance(seq, int) and seq > sent.last + 1:
-                        frames = sent.frames(await _briefly(missed_after, run_id, sent.last))
-                    frames += sent.frames([event])
+                    for event in live:
+                        seq = event.get("seq")
+                        if isinstance(seq, int) and seq > sent.last + 1:
+                            frames += sent.frames(await _briefly(missed_after, run_id, sent.last))
+                        frames += sent.frames([event])
                 elif now >= heard + quiet:
                     heard, quiet = now, min(quiet * 2, QUIET_MAX_SECONDS)
                     frames = sent.frames(await _briefly(missed_after, run_id, sent.last))
