@@ -48,3 +48,24 @@ def test_no_window_still_merges_only_what_queued_up(server, settings):
     server.script("m-basic", [Reply(text("a"), delay(0.3), text("b"), finish("stop"))])
     run = execute(start_run("basic", "x"))
     assert [d["text"] for d in _deltas(run)] == ["a", "b"]
+
+
+@pytest.mark.django_db(transaction=False)
+def test_interleaved_runs_merge_each_run_s_deltas_in_its_own_order():
+    """A process executing many runs at once queues their deltas interleaved: each run's deltas
+    merge, and no run's events change order."""
+    from chamvi_runs.streaming.broadcast import _coalesce
+
+    log = object()
+
+    def delta(run, text, step=0):
+        return (log, run, {"type": "delta", "step": step, "attempt": 1, "kind": "text", "text": text}, [])
+
+    def other(run, type_):
+        return (log, run, {"type": type_}, [])
+
+    batch = [delta("a", "1"), delta("b", "x"), delta("a", "2"), other("b", "step.end")]
+    batch += [delta("a", "3"), delta("b", "y", step=1), other("a", "step.end"), delta("a", "4", step=1)]
+    out = [(run, event.get("text", event["type"])) for _, run, event, _ in _coalesce(batch)]
+    assert [item for item in out if item[0] == "a"] == [("a", "123"), ("a", "step.end"), ("a", "4")]
+    assert [item for item in out if item[0] == "b"] == [("b", "x"), ("b", "step.end"), ("b", "y")]

@@ -245,24 +245,31 @@ class EventWriter:
 def _coalesce(
     items: list[tuple[Any, str, dict[str, Any], list[str]]],
 ) -> list[tuple[Any, str, dict[str, Any], list[str]]]:
-    """Merge deltas that queued up back to back for the same run, step, attempt and kind. When the
-    model streams faster than events are published, clients get fewer, larger deltas; their text
-    still concatenates to the step's text, in order."""
-    merged: list[tuple[Any, str, dict[str, Any], list[str]]] = []
+    """Merge each delta into the run's previous item of the batch when that is a delta of the same
+    step, attempt and kind. A run's events keep their order (seq is per run); other runs' events
+    in between do not matter. When the model streams faster than events are published, clients get
+    fewer, larger deltas; their text still concatenates to the step's text, in order."""
+    merged: list[tuple[Any, str, dict[str, Any], list[str]] | None] = []
+    latest: dict[tuple[int, str], int] = {}  # (log, run) -> index in merged of its latest item
     for item in items:
         log, run_id, event, groups = item
-        if merged and event.get("type") == "delta":
-            last_log, last_run, last_event, _ = merged[-1]
-            if (
-                last_log is log
-                and last_run == run_id
-                and last_event.get("type") == "delta"
-                and all(last_event.get(k) == event.get(k) for k in ("step", "attempt", "kind"))
-            ):
-                merged[-1] = (log, run_id, {**last_event, "text": last_event["text"] + event["text"]}, groups)
-                continue
+        key = (id(log), run_id)
+        at = latest.get(key)
+        previous = merged[at] if at is not None else None
+        if (
+            at is not None
+            and previous is not None
+            and event.get("type") == "delta"
+            and previous[2].get("type") == "delta"
+            and all(previous[2].get(k) == event.get(k) for k in ("step", "attempt", "kind"))
+        ):
+            text = previous[2]["text"] + event["text"]
+            # Moved to the end: the merged delta goes out where its last part would have.
+            merged[at] = None
+            item = (log, run_id, {**previous[2], "text": text}, groups)
+        latest[key] = len(merged)
         merged.append(item)
-    return merged
+    return [item for item in merged if item is not None]
 
 
 writer = EventWriter()

@@ -23,9 +23,24 @@ def model(server, audit) -> Iterator[FaultyModel]:
     yield faulty
 
 
+# Runs one worker process executes at once in the concurrent variants (CHAMVI_CONCURRENCY).
+CONCURRENT = 4
+
+# The same scenario, and the same checker, with workers of one run and of CONCURRENT runs at once.
+each_concurrency = pytest.mark.parametrize(
+    "concurrency", [1, CONCURRENT], ids=["serial", f"concurrency{CONCURRENT}"]
+)
+
+
 @pytest.fixture
-def pool(server) -> Iterator[WorkerPool]:
-    workers = WorkerPool(server)
+def concurrency() -> int:
+    """Runs per worker process; a test overrides it with ``each_concurrency`` or a parametrize."""
+    return 1
+
+
+@pytest.fixture
+def pool(server, concurrency) -> Iterator[WorkerPool]:
+    workers = WorkerPool(server, concurrency=concurrency)
     yield workers
     workers.stop()
 

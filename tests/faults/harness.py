@@ -133,9 +133,18 @@ class FaultyModel:
         return Reply(text("Refunded "), delay(self.pause), text("and done."), finish("stop"), usage(30, 5))
 
 
+# A concurrent worker's threads share a pool smaller than their number, as docs/deployment.md
+# advises: a thread hands its connection back while its run waits on the model.
+CONCURRENT_POOL = 3
+
+
 class WorkerPool:
-    def __init__(self, server: ScriptedServer) -> None:
+    """Worker processes of one scenario. ``concurrency`` above 1 makes every worker execute that
+    many runs at once (``CHAMVI_CONCURRENCY``) on a connection pool of ``CONCURRENT_POOL``."""
+
+    def __init__(self, server: ScriptedServer, concurrency: int = 1) -> None:
         self.server = server
+        self.concurrency = concurrency
         self.workers: list[WorkerProcess] = []
         self.sink = Path(tempfile.mkstemp(prefix="chamvi-sink-")[1])
         self.marker = Path(tempfile.mkdtemp(prefix="chamvi-crash-"))
@@ -147,6 +156,9 @@ class WorkerPool:
             CHAMVI_CRASH_AT=crash_at,
             CHAMVI_CRASH_MARKER=str(self.marker),
         )
+        if self.concurrency > 1:
+            env["CHAMVI_CONCURRENCY"] = str(self.concurrency)
+            env["DATABASE_URL"] += f"?pool={CONCURRENT_POOL}"
         worker = WorkerProcess(env)
         self.workers.append(worker)
         return worker
@@ -179,6 +191,12 @@ def start_tagged(count: int, agent: str = "faulty", **kwargs: Any) -> dict[str, 
         tag = secrets.token_hex(4)
         runs[tag] = start_run(agent, {"tag": tag}, **kwargs).pk
     return runs
+
+
+def held_by(pid: int) -> list[Run]:
+    """The runs process ``pid`` holds (owners are ``host:pid:thread:nonce``). Read after a SIGKILL
+    it is exact: a dead process releases nothing, and its leases have not expired yet."""
+    return list(Run.objects.filter(claim_owner__contains=f":{pid}:", status="running"))
 
 
 def _pid_alive(owner: str | None) -> bool:
@@ -296,6 +314,7 @@ __all__ = [
     "Report",
     "WorkerPool",
     "check",
+    "held_by",
     "install_audit",
     "recover",
     "start_tagged",

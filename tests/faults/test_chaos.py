@@ -21,8 +21,8 @@ from chamvi_runs import cancel_run
 from chamvi_runs.dispatch.doorbell import _enqueue_now
 from chamvi_runs.models import Run
 from chamvi_runs.streaming.broadcast import event_log
-from tests.faults.conftest import SCALE
-from tests.faults.harness import check, recover, start_tagged
+from tests.faults.conftest import CONCURRENT, SCALE, each_concurrency
+from tests.faults.harness import check, held_by, recover, start_tagged
 from tests.helpers import expire_lease, make_superuser
 from tests.processes import ROOT, WebProcess, wait_for, worker_env
 
@@ -36,8 +36,8 @@ restarts_services = pytest.mark.skipif(
 )
 
 
-def _held_by(pid: int) -> list[Run]:
-    return list(Run.objects.filter(claim_owner__contains=f":{pid}:", status="running"))
+def _scenario(name: str, concurrency: int) -> str:
+    return name if concurrency == 1 else f"{name}, {concurrency} runs per worker"
 
 
 def _tags(runs: dict[str, str]) -> dict[str, str]:
@@ -46,12 +46,13 @@ def _tags(runs: dict[str, str]) -> dict[str, str]:
 
 def _signal_in_batches(
     pool, batches: int, runs_per_batch: int, signals_per_batch: int, sig: int
-) -> tuple[dict[str, str], Counter[str], int]:
+) -> tuple[dict[str, str], Counter[str], list[int]]:
     """Start batches of runs and send ``sig`` to a random worker at random moments; every run
-    a victim held at that moment counts one fault. Returns the runs, the faults and the signals."""
+    a victim held at that moment counts one fault. Returns the runs, the faults and, per signal,
+    how many runs its victim held."""
     all_runs: dict[str, str] = {}
     faults: Counter[str] = Counter()
-    sent = 0
+    hits: list[int] = []
     for _ in range(batches):
         pool.ensure(2)
         runs = start_tagged(runs_per_batch)
@@ -62,24 +63,50 @@ def _signal_in_batches(
             # Before RQ installs its handlers, SIGTERM simply ends the process (no run held yet).
             wait_for(victim.ready, 30, victim.output)
             time.sleep(random.uniform(0.05, 1.0))
-            held = _held_by(victim.pid)
+            held = held_by(victim.pid)
             victim.signal(sig)
             code = victim.wait(20)
             if sig == signal.SIGTERM:
                 assert code == 0, victim.output()[-3000:]
-            sent += 1
+            else:
+                # What a killed process holds is exact once it is dead: a run it claimed between
+                # the read above and the signal (likelier with several threads claiming) counts,
+                # one it settled in between does not.
+                held = held_by(victim.pid)
+            hits.append(len(held))
             for run in held:
                 faults[by_id.get(run.pk, "?")] += 1
         recover(runs.values(), pool)
         all_runs.update(runs)
-    return all_runs, faults, sent
+    return all_runs, faults, hits
 
 
-def test_random_sigkills_lose_nothing_and_repeat_at_most_the_step_in_flight(model, pool, record):
-    runs, faults, kills = _signal_in_batches(pool, 10 * SCALE, 5, 2, signal.SIGKILL)
+def _took_several(hits: list[int], concurrency: int) -> None:
+    """A concurrent variant proves something only if a signal hit a process of several runs."""
+    if concurrency > 1:
+        assert max(hits) >= 2, f"no signalled worker held more than one run: {hits}"
+
+
+# concurrency -> (batches, runs per batch). Two workers of CONCURRENT threads hold up to 8 runs:
+# 10 per batch fill both, so a kill takes several executions at once and leaves queued runs to
+# the replacement worker; half the batches keep the variant's cost near the serial one's.
+SIGKILL_SIZES = {1: (10, 5), CONCURRENT: (5, 10)}
+
+
+@each_concurrency
+def test_random_sigkills_lose_nothing_and_repeat_at_most_the_step_in_flight(concurrency, model, pool, record):
+    batches, per_batch = SIGKILL_SIZES[concurrency]
+    runs, faults, hits = _signal_in_batches(pool, batches * SCALE, per_batch, 2, signal.SIGKILL)
     report = check(runs, model, pool, faults)
-    record("random SIGKILL", report, kills=kills, runs_hit=sum(faults.values()))
+    record(
+        _scenario("random SIGKILL", concurrency),
+        report,
+        kills=len(hits),
+        runs_hit=sum(faults.values()),
+        most_per_kill=max(hits),
+    )
     assert report.completed == len(runs)
+    _took_several(hits, concurrency)
 
 
 def test_recovery_time_after_a_sigkill_with_test_lease_settings(model, pool, server, record):
@@ -148,7 +175,7 @@ def test_a_frozen_worker_that_wakes_after_its_lease_writes_nothing(model, pool, 
     runs = start_tagged(1)
     ((tag, run_id),) = runs.items()
     wait_for(
-        lambda: frozen.pid in [int(r.claim_owner.split(":")[1]) for r in _held_by(frozen.pid)], 30, "claim"
+        lambda: frozen.pid in [int(r.claim_owner.split(":")[1]) for r in held_by(frozen.pid)], 30, "claim"
     )
     time.sleep(0.5)
     frozen.signal(signal.SIGSTOP)
@@ -171,20 +198,28 @@ def test_a_frozen_worker_that_wakes_after_its_lease_writes_nothing(model, pool, 
     assert frozen.proc.poll() is None, "the woken worker goes on serving"
 
 
-def test_many_workers_racing_for_one_run_execute_it_once(model, pool, record):
+# With CONCURRENT threads per worker, duplicate jobs of one run also meet in one process.
+RACING_RUNS = {1: 3, CONCURRENT: 8}
+
+
+@each_concurrency
+def test_many_workers_racing_for_one_run_execute_it_once(concurrency, model, pool, record):
     for _ in range(4):
         pool.spawn()
-    runs = start_tagged(3 * SCALE)
+    runs = start_tagged(RACING_RUNS[concurrency] * SCALE)
     for run_id in runs.values():
         for _ in range(5):
             _enqueue_now(run_id)
     recover(runs.values(), pool, workers=4)
     report = check(runs, model, pool)
     assert report.model_calls == report.llm_steps, "a duplicate job made a model call"
-    record("4 workers, 6 jobs per run", report)
+    record(_scenario("4 workers, 6 jobs per run", concurrency), report)
 
 
-def test_a_concurrency_key_admits_one_run_at_a_time_in_creation_order_across_workers(model, pool, record):
+@each_concurrency
+def test_a_concurrency_key_admits_one_run_at_a_time_in_creation_order_across_workers(
+    concurrency, model, pool, record
+):
     model.pause = 0.05
     for _ in range(4):
         pool.spawn()
@@ -196,7 +231,7 @@ def test_a_concurrency_key_admits_one_run_at_a_time_in_creation_order_across_wor
         assert elder.finished_at <= younger.started_at, (
             "two runs of one key executed at once, or out of order"
         )
-    record("concurrency key across 4 workers", report)
+    record(_scenario("concurrency key across 4 workers", concurrency), report)
 
 
 def test_cancel_racing_completion_ends_in_one_status_that_the_final_event_tells(model, pool, record):
@@ -221,10 +256,18 @@ def test_cancel_racing_completion_ends_in_one_status_that_the_final_event_tells(
     record("cancel racing completion", report, cancelled=report.cancelled)
 
 
-def test_drain_at_random_moments_loses_nothing(model, pool, record):
-    runs, faults, drains = _signal_in_batches(pool, 4 * SCALE, 3, 1, signal.SIGTERM)
+# concurrency -> (batches, runs per batch): 12 runs keep two workers of CONCURRENT threads full
+# for about two seconds, so a drain at a random moment settles several executions at once.
+DRAIN_SIZES = {1: (4, 3), CONCURRENT: (4, 12)}
+
+
+@each_concurrency
+def test_drain_at_random_moments_loses_nothing(concurrency, model, pool, record):
+    batches, per_batch = DRAIN_SIZES[concurrency]
+    runs, faults, hits = _signal_in_batches(pool, batches * SCALE, per_batch, 1, signal.SIGTERM)
     report = check(runs, model, pool, faults)
-    record("SIGTERM drain", report, drains=drains)
+    record(_scenario("SIGTERM drain", concurrency), report, drains=len(hits), most_per_drain=max(hits))
+    _took_several(hits, concurrency)
 
 
 @pytest.fixture

@@ -10,7 +10,8 @@ import pytest
 
 from chamvi_runs import store
 from chamvi_runs.models import Run
-from tests.faults.harness import check, recover, start_tagged
+from tests.faults.conftest import CONCURRENT
+from tests.faults.harness import check, held_by, recover, start_tagged
 from tests.processes import ROOT, wait_for, worker_env
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
@@ -36,6 +37,31 @@ def test_a_crash_at_a_named_point_is_recovered(point, model, pool):
     report = check(runs, model, pool, faults=Counter({crashed: 1}))
     assert report.completed == 3
     assert report.effects_applied == 3
+
+
+@pytest.mark.parametrize("concurrency", [CONCURRENT], ids=[f"concurrency{CONCURRENT}"])
+@pytest.mark.parametrize("point", POINTS)
+def test_a_crash_at_a_named_point_takes_its_sibling_executions_and_all_are_recovered(point, model, pool):
+    """The process dies at ``point`` while its other threads execute runs too: every run it held
+    is recovered from its own checkpoint, and nothing happens twice."""
+    model.pause = 1.0  # each held run reaches its next point about a second after its claim
+    # A point whose marker exists is disarmed: the worker first takes all but one of its threads'
+    # runs, then the point is armed and one more run sent (so after_claim is reached again).
+    marker = pool.marker / point
+    marker.touch()
+    doomed = pool.spawn(crash_at=point)
+    runs = start_tagged(CONCURRENT - 1)
+    wait_for(lambda: len(held_by(doomed.pid)) == CONCURRENT - 1, 30, doomed.output)
+    marker.unlink()
+    runs.update(start_tagged(1))
+    doomed.wait(60)
+    assert doomed.proc.returncode == -9, f"the worker did not crash at {point}"
+    held = {run.pk for run in held_by(doomed.pid)}  # exact: the dead process released nothing
+    assert len(held) >= 2, f"the worker held {len(held)} runs when it crashed at {point}"
+    recover(runs.values(), pool)
+    report = check(runs, model, pool, faults=Counter(tag for tag, run_id in runs.items() if run_id in held))
+    assert report.completed == CONCURRENT
+    assert report.effects_applied == CONCURRENT
 
 
 def test_a_web_process_that_dies_before_enqueueing_leaves_a_run_the_janitor_finds(model, pool, server):
