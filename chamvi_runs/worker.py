@@ -14,8 +14,8 @@ Web processes under ASGI must not keep connections (``CONN_MAX_AGE = 0``: each r
 runs in a thread of its own), but a worker's threads are long-lived: each keeps its connection (or,
 with Django's connection pool, hands it back while its run waits on the model), and
 ``close_old_connections()`` around every execution still drops one that broke (with
-``CONN_HEALTH_CHECKS``). A crash of the
-process loses no run: its lease expires and ``chamvi_tick`` re-enqueues it.
+``CONN_HEALTH_CHECKS``). A crash of the process loses no run: its lease expires and
+``chamvi_tick`` re-enqueues it.
 """
 
 from __future__ import annotations
@@ -81,6 +81,7 @@ class Worker(SimpleWorker):
         shutdown.set("drain")
         if not self.run_threads.wait_idle(DRAIN_SECONDS):
             logger.warning("%d executions did not settle within %d s", self.run_threads.busy(), DRAIN_SECONDS)
+
     def request_stop(self, signum: Any, frame: Any) -> None:
         shutdown.set("drain")
         super().request_stop(signum, frame)

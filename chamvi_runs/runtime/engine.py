@@ -179,6 +179,10 @@ class Execution:
             settled = self.db.settle(self.claim, status, close_history=instead.close)
         if not settled:
             raise LeaseLostError(f"run {self.claim.run_id}: claim lost before settling")
+        self.announce(status)
+
+    def announce(self, status: Status) -> NoReturn:
+        """After the settle's commit: its announcement, and the end of the execution."""
         if self.lease is not None:
             self.lease.stop()  # nothing is left to renew or cancel
         announce_settled(self.claim.run_id, self.broadcaster)
@@ -362,12 +366,11 @@ class Execution:
         """Steps, checkpoint and (unless already recorded) usage of one model call, in one
         transaction. The budget counters are kept in memory: this execution is the run's only
         writer while it holds the claim."""
-        llm = (steps[0].output or {}) if steps[0].kind == "llm" else {}
         if not self.db.save_step(
             self.claim,
             steps,
             messages,
-            finish_reason=llm.get("finish_reason") or "",
+            finish_reason=_finish_reason(steps),
             usage=usage,
             consumed_inputs=inputs,
         ):
@@ -435,12 +438,11 @@ class Execution:
         """Save the step that ends the run and settle it, in one transaction. Returns only when
         ``unless_input`` and input arrived meanwhile: the step is saved, and the run goes on."""
         code, message = decision.error or ("", "")
-        llm = (steps[0].output or {}) if steps[0].kind == "llm" else {}
         settled = self.db.save_and_settle(
             self.claim,
             steps,
             messages,
-            finish_reason=llm.get("finish_reason") or "",
+            finish_reason=_finish_reason(steps),
             usage=usage,
             consumed_inputs=inputs,
             status=decision.status,
@@ -453,10 +455,13 @@ class Execution:
             raise LeaseLostError(f"run {self.claim.run_id}: claim lost before saving steps")
         signals.step_saved.send(Run, run_id=self.claim.run_id, steps=steps)
         if settled:
-            if self.lease is not None:
-                self.lease.stop()
-            announce_settled(self.claim.run_id, self.broadcaster)
-            raise Settled(decision.status)
+            self.announce(decision.status)
+
+
+def _finish_reason(steps: list[StepRecord]) -> str:
+    """The checkpoint's finish reason: its model call's, when the steps start with one."""
+    llm = (steps[0].output or {}) if steps[0].kind == "llm" else {}
+    return str(llm.get("finish_reason") or "")
 
 
 __all__ = ["Execution", "Settled", "execute", "worker_identity"]
