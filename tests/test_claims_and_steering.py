@@ -235,6 +235,19 @@ def test_send_input_is_taken_before_the_next_model_call_and_listed_in_the_receip
     assert events(run)[-1]["inputs"] == [item.pk]
 
 
+def test_inputs_of_every_json_shape_reach_the_model_in_the_order_they_were_sent(server):
+    from chamvi_runs.core.messages import input_message
+
+    server.script("m-basic", [Reply(text("noted"), finish("stop"))])
+    run = start_run("basic", "x")
+    payloads = ["plain", '"quoted"', {"n": 2, "nested": ["a", None]}, [1, 2], 7, True]
+    items = [send_input(run.pk, payload) for payload in payloads]
+    run = execute(run)
+    messages = server.requests_for("m-basic")[0]["messages"]
+    assert messages[-len(payloads) :] == [input_message(payload) for payload in payloads]
+    assert events(run)[-1]["inputs"] == [item.pk for item in items]
+
+
 def test_runs_of_a_thread_continue_one_conversation(server):
     server.script("m-basic", [Reply(text("Nice to meet you, Ada."), finish("stop"))])
     first = execute(start_run("basic", "I am Ada", thread="t-42"))

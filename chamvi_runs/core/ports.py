@@ -42,6 +42,8 @@ class Store(Protocol):
 
     def count_model_call(self, claim: Claim) -> bool: ...
 
+    def start_model_call(self, claim: Claim) -> list[Any] | None: ...
+
     def save_step(
         self,
         claim: Claim,

@@ -212,7 +212,11 @@ class Execution:
         while True:
             self.stop_if_aborted()
             self.carry_out(decisions.budget_gate(agent.budget, self.model_calls, self.tokens))
-            inputs = self.db.pending_inputs(self.claim.run_id)
+            # Counted before it is made: a call whose execution dies unsaved still uses the budget.
+            inputs = self.db.start_model_call(self.claim)
+            if inputs is None:
+                raise LeaseLostError(f"run {self.claim.run_id}: claim lost before a model call")
+            self.model_calls += 1
             for item in inputs:
                 messages.append(input_message(item.payload))
                 # Shown where the model takes it: before the call of step ``index``. An aborted call
@@ -294,10 +298,6 @@ class Execution:
     ) -> tuple[list[Message], int]:
         request = self.request(agent, ctx, calls.tools, messages)
         attempt = self.claim.attempt
-        # Counted before it is made: a call whose execution dies unsaved still uses the budget.
-        if not self.db.count_model_call(self.claim):
-            raise LeaseLostError(f"run {self.claim.run_id}: claim lost before a model call")
-        self.model_calls += 1
         started = timezone.now()
         self.emit("step.start", step=index, attempt=attempt)
 

@@ -26,7 +26,7 @@ runtime talks to: it satisfies ``core.ports.Store``.
 from __future__ import annotations
 
 from ..core.records import CallRef, Claim, StepRecord, arguments_hash, hash_token
-from .claims import claim, count_model_call, renew, renew_many
+from .claims import claim, count_model_call, renew, renew_many, start_model_call
 from .connections import hand_back
 from .creating import create_run, thread_for
 from .effects import effect_record, lock_for_effect, record_effect
@@ -92,6 +92,7 @@ __all__ = [
     "save_and_settle",
     "save_step",
     "settle",
+    "start_model_call",
     "take_notification",
     "thread_for",
     "waitpoint_at",

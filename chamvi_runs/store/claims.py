@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Coalesce, Now
 
 from ..core.records import Claim
 from ..core.states import CLAIMABLE, Status
 from ..core.types import NO_USAGE, Usage
-from ..models import Run
+from ..models import Run, RunInput
 from .fence import held, in_seconds, to, update_held, waits_for_elder
 
 
@@ -103,6 +104,42 @@ def renew_many(claims: Sequence[Claim], lease_seconds: float) -> set[str]:
         return {one.run_id for one in claims}
     # Some claim is lost: the fence still tells which rows are held (and were just renewed).
     return set(Run.objects.filter(fence).values_list("pk", flat=True))
+
+
+_COUNT_AND_READ_INPUTS = """
+WITH counted AS (
+    UPDATE {run} SET model_calls = model_calls + 1
+    WHERE id = %s AND status = %s AND claim_owner = %s AND attempt = %s
+    RETURNING id
+)
+SELECT i.id, i.payload, i.created_at FROM counted
+LEFT JOIN {input} i ON i.run_id = counted.id AND i.consumed_step IS NULL
+ORDER BY i.created_at, i.id
+"""
+
+
+def start_model_call(claim: Claim) -> list[RunInput] | None:
+    """Count a model call before it is made (``count_model_call``) and return the steering inputs
+    waiting for it, oldest first. None: the claim is lost, and the call must not be made.
+
+    On PostgreSQL both are one statement (a data-modifying CTE): a run makes one such round trip
+    per model call instead of two."""
+    if connection.vendor != "postgresql":
+        if not count_model_call(claim):
+            return None
+        return list(RunInput.objects.filter(run_id=claim.run_id, consumed_step__isnull=True))
+    sql = _COUNT_AND_READ_INPUTS.format(run=Run._meta.db_table, input=RunInput._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [claim.run_id, Status.RUNNING.value, claim.owner, claim.attempt])
+        rows = cursor.fetchall()
+    if not rows:
+        return None
+    # Django has psycopg hand jsonb over as text, which JSONField decodes: so does this.
+    return [
+        RunInput(id=pk, run_id=claim.run_id, payload=json.loads(raw), created_at=created_at)
+        for pk, raw, created_at in rows
+        if pk is not None
+    ]
 
 
 def count_model_call(claim: Claim) -> bool:
