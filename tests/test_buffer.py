@@ -149,3 +149,16 @@ def test_an_active_runs_buffer_lives_through_its_wait_and_ends_after_run_end(log
     else:
         assert 0 < log.connection.ttl(f"chamvi:events:{RUN}") <= 60
         assert log.connection.ttl(f"chamvi:seq:{RUN}") > 30 * 24 * 3600
+
+
+def test_a_redis_that_lost_the_scripts_gets_them_again_and_records_each_event_once(redis):
+    """A Redis restart (or SCRIPT FLUSH) forgets the buffer's scripts; the next batch loads them
+    again and records every event once, with no seq skipped."""
+    connection = redis
+    connection.delete(*RedisEventLog._keys(RUN))
+    log = RedisEventLog(connection)
+    assert seqs(append(log, step(0))) == [1, 2]
+    connection.script_flush()
+    assert seqs(append(log, step(1))) == [3, 4]
+    assert seqs(log.after(RUN, 0)) == [1, 2, 3, 4]
+    connection.delete(*RedisEventLog._keys(RUN))

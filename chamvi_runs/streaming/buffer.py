@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
+import redis
 from django.utils import timezone
 
 from ..conf import conf
@@ -328,13 +329,28 @@ class RedisEventLog:
     def append_many(self, items: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any] | None]:
         """Append a batch in one round trip (a pipeline of script calls, run in order). None for an
         event a region already holds."""
-        pipe = self.connection.pipeline(transaction=False)
+        calls = []
         for run_id, event in items:
             ttl = buffer_ttl(event)
             step, token = cover(event)
             args = [json.dumps(event), ttl, max(ttl, SEQ_TTL), BUFFER_EVENTS, step, token]
-            self._append(keys=self._keys(run_id), args=args, client=pipe)
-        return [json.loads(encoded) if encoded else None for encoded in pipe.execute()]
+            calls.append([*self._keys(run_id), *args])
+        # EVALSHA straight into the pipeline: a pipeline of registered scripts first asks Redis
+        # whether they exist (SCRIPT EXISTS), a second round trip for every batch. A Redis that lost
+        # the script (a restart) refuses every call of the batch, so loading it and sending the
+        # batch again appends nothing twice.
+        for attempt in range(2):
+            pipe = self.connection.pipeline(transaction=False)
+            for args in calls:
+                pipe.evalsha(self._append.sha, 3, *args)
+            try:
+                results = pipe.execute()
+                break
+            except redis.exceptions.NoScriptError:
+                if attempt:
+                    raise
+                self.connection.script_load(self.APPEND)
+        return [json.loads(encoded) if encoded else None for encoded in results]
 
     def window(self, run_id: str, after: int) -> Window:
         top, complete, held = self._window(keys=self._keys(run_id), args=[after])
