@@ -279,11 +279,15 @@ class ChannelsBroadcaster:
     def __init__(self, thread: str | None = None) -> None:
         self.thread = thread
         self.log = event_log()
+        self._groups: dict[str, list[str]] = {}
 
     def publish(self, run_id: str, event: dict[str, Any]) -> None:
         """Queue ``event`` to be stamped with the run's next seq, buffered for replay, and sent to the
         groups of the run and its thread. Never raises: events are not worth failing a run."""
-        groups = [run_group(run_id)] + ([thread_group(self.thread)] if self.thread else [])
+        groups = self._groups.get(run_id)
+        if groups is None:  # named once per run, not hashed again for every delta
+            groups = [run_group(run_id)] + ([thread_group(self.thread)] if self.thread else [])
+            self._groups[run_id] = groups
         writer.submit(self.log, run_id, {**event, "run_id": run_id}, groups)
 
     def flush(self) -> None:
