@@ -35,7 +35,8 @@ def _enqueue_now(run_id: str) -> None:
         job_id=f"chamvi-{secrets.token_hex(4)}-{run_id}",
         # One job is one execution, which may stream for long; the lease, not RQ, bounds it.
         job_timeout=-1,
-        result_ttl=600,
+        # The job hands its run to a thread and returns None: a result is nothing worth storing.
+        result_ttl=0,
         failure_ttl=86400,
     )
 

@@ -45,18 +45,34 @@ def events_of(message: dict[str, Any]) -> list[dict[str, Any]]:
     return [event] if isinstance(event, dict) else []
 
 
+async def _send_all(messages: list[tuple[str, dict[str, Any]]]) -> None:
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    # Different groups at once; one group's messages stay in order, batch by batch.
+    results = await asyncio.gather(
+        *(layer.group_send(group, message) for group, message in messages), return_exceptions=True
+    )
+    for (group, _), result in zip(messages, results, strict=True):
+        if isinstance(result, BaseException):
+            logger.warning("could not broadcast to %s", group, exc_info=result)
+
+
 class Sends(NamedTuple):
     messages: list[tuple[str, dict[str, Any]]]
     done: threading.Event
 
 
 class Publisher:
-    """Sends to the channel layer from synchronous code, in order, without blocking the caller.
+    """Sends to the channel layer from synchronous code, in order.
 
-    One event loop serves every publish of the process: ``async_to_sync`` per event would open a
-    loop (and a Redis connection) per delta. When the process also serves websockets from an
-    in-memory layer, the server's own loop is used instead (``use_loop``), because that layer's
-    queues belong to the loop the consumers wait on.
+    The events writer delivers each batch on an event loop of its own thread (``deliver``):
+    ``async_to_sync`` per event would open a loop (and a Redis connection) per delta. When the
+    process also serves websockets from an in-memory layer, the server's own loop is used instead
+    (``use_loop``), because that layer's queues belong to the loop the consumers wait on; sends are
+    then handed over to that loop (``send``).
     """
 
     def __init__(self) -> None:
@@ -64,11 +80,14 @@ class Publisher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[Sends | None] | None = None
         self._task: asyncio.Task[None] | None = None
+        self._lent = False
+        self._own: asyncio.AbstractEventLoop | None = None
 
     def use_loop(self) -> None:
         """Publish on the running loop from now on (call it from that loop: the ASGI server's)."""
         loop = asyncio.get_running_loop()
         with self._lock:
+            self._lent = True
             if self._loop is not loop:
                 # Anything queued on a previous private loop is still delivered there.
                 self._attach(loop)
@@ -100,26 +119,32 @@ class Publisher:
             return self._loop
 
     async def _drain(self, queue: asyncio.Queue[Sends | None]) -> None:
-        from channels.layers import get_channel_layer
-
         while True:
             item = await queue.get()
             if item is None:
                 return
             try:
-                layer = get_channel_layer()
-                if layer is not None:
-                    # Different groups at once; one group's messages stay in order, batch by batch.
-                    results = await asyncio.gather(
-                        *(layer.group_send(group, message) for group, message in item.messages),
-                        return_exceptions=True,
-                    )
-                    for (group, _), result in zip(item.messages, results, strict=True):
-                        if isinstance(result, BaseException):
-                            logger.warning("could not broadcast to %s", group, exc_info=result)
+                await _send_all(item.messages)
             finally:
                 item.done.set()
                 queue.task_done()
+
+    def deliver(self, messages: list[tuple[str, dict[str, Any]]], timeout: float) -> bool:
+        """Send each (group, message) and wait until the layer has taken them all; False: not
+        within ``timeout``. For one calling thread (the events writer): unless a server's loop was
+        lent (``use_loop``), the sends run on that thread's own event loop, with no hand-off to
+        another thread and back for every batch."""
+        with self._lock:
+            lent = self._lent
+        if lent:
+            return self.send(messages).wait(timeout)
+        if self._own is None:
+            self._own = asyncio.new_event_loop()
+        try:
+            self._own.run_until_complete(asyncio.wait_for(_send_all(messages), timeout))
+        except TimeoutError:
+            return False
+        return True
 
     def send(self, messages: list[tuple[str, dict[str, Any]]]) -> threading.Event:
         """Send each (group, message); the returned event is set once all were handed to the layer."""
@@ -233,12 +258,12 @@ class EventWriter:
                     outgoing.setdefault(group, []).append(event)
             start = end
         if outgoing:
-            sent = publisher.send([(group, message_of(events)) for group, events in outgoing.items()])
             # Wait for the layer before the next batch: while it is slow, the deltas queued here
             # meanwhile go out merged, so a busy process sends fewer, larger events instead of
             # falling behind. Every event is in the replay buffer already: a layer that does not
             # answer in time costs live delivery, which clients repair from the buffer.
-            if not sent.wait(PUBLISH_TIMEOUT):
+            messages = [(group, message_of(events)) for group, events in outgoing.items()]
+            if not publisher.deliver(messages, PUBLISH_TIMEOUT):
                 logger.warning("the channel layer took over %s s to take a batch of events", PUBLISH_TIMEOUT)
 
 
