@@ -32,6 +32,7 @@ from rq.worker import SimpleWorker
 from .conf import conf
 from .core.types import AbortSignal
 from .dispatch.threads import EXECUTION, ThreadExecutor
+from .store.connections import pooled
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +55,7 @@ class Worker(SimpleWorker):
         super().__init__(*args, **kwargs)
         for connection in connections.all():
             # A pool (Django's, for PostgreSQL) needs CONN_MAX_AGE 0, and keeps connections itself.
-            pooled = connection.settings_dict.get("OPTIONS", {}).get("pool")
-            if connection.settings_dict.get("CONN_MAX_AGE") == 0 and not pooled:
+            if connection.settings_dict.get("CONN_MAX_AGE") == 0 and not pooled(connection):
                 connection.settings_dict["CONN_MAX_AGE"] = None
         global executions
         if executions is None:

@@ -72,10 +72,6 @@ class LeaseKeeper:
             if not self._leases:
                 self._changed.notify()
 
-    def held(self) -> int:
-        with self._changed:
-            return len(self._leases)
-
     def _run(self) -> None:
         while True:
             with self._changed:
@@ -98,10 +94,10 @@ class LeaseKeeper:
             if lease.clock.timed_out(now):
                 lease.abort.set("timeout")
         try:
-            for run_id in self._db.cancels_among([lease.claim.run_id for lease in leases]):
-                for lease in leases:
-                    if lease.claim.run_id == run_id:
-                        lease.abort.set("cancel")
+            cancelled = self._db.cancels_among([lease.claim.run_id for lease in leases])
+            for lease in leases:
+                if lease.claim.run_id in cancelled:
+                    lease.abort.set("cancel")
             due = [lease for lease in leases if lease.clock.renew_due(now)]
             if due:
                 kept = self._db.renew_many([lease.claim for lease in due], conf.LEASE_SECONDS)

@@ -41,7 +41,6 @@ from .notifying import (
 from .progress import CLOSED_AT_END, back_to_waiting, open_wait, save_and_settle, save_step, settle
 from .queries import (
     approved_calls,
-    cancel_requested,
     cancels_among,
     checkpoint,
     earlier_thread_histories,
@@ -64,7 +63,6 @@ __all__ = [
     "arguments_hash",
     "back_to_waiting",
     "cancel",
-    "cancel_requested",
     "cancels_among",
     "checkpoint",
     "claim",

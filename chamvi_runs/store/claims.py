@@ -15,6 +15,7 @@ from ..core.states import CLAIMABLE, Status
 from ..core.types import NO_USAGE, Usage
 from ..models import Run, RunInput
 from .fence import held, in_seconds, to, update_held, waits_for_elder
+from .queries import pending_inputs
 
 
 def _blocked(run: Run) -> bool:
@@ -127,7 +128,7 @@ def start_model_call(claim: Claim) -> list[RunInput] | None:
     if connection.vendor != "postgresql":
         if not count_model_call(claim):
             return None
-        return list(RunInput.objects.filter(run_id=claim.run_id, consumed_step__isnull=True))
+        return pending_inputs(claim.run_id)
     sql = _COUNT_AND_READ_INPUTS.format(run=Run._meta.db_table, input=RunInput._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute(sql, [claim.run_id, Status.RUNNING.value, claim.owner, claim.attempt])

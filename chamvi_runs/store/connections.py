@@ -9,11 +9,14 @@ model call would cost more than it saves.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import connection
 
 
-def pooled() -> bool:
-    return bool(connection.settings_dict.get("OPTIONS", {}).get("pool"))
+def pooled(wrapper: Any = connection) -> bool:
+    """Whether ``wrapper`` (a Django connection, the default one unless given) has a pool."""
+    return bool(wrapper.settings_dict.get("OPTIONS", {}).get("pool"))
 
 
 def hand_back() -> None:

@@ -19,8 +19,9 @@ from ..core.nul import without_nul
 from ..core.records import CallRef, Claim, StepRecord, arguments_hash, hash_token
 from ..core.states import TERMINAL, Status
 from ..core.types import NO_USAGE, Message, Usage
-from ..models import Checkpoint, RunInput, Step, WaitPoint
+from ..models import Checkpoint, Step, WaitPoint
 from .fence import db_now_plus, to, update_held
+from .queries import waiting_inputs
 
 CLOSED_AT_END = "The run ended before this tool call ran."
 
@@ -94,7 +95,7 @@ def _record(
     write_checkpoint(claim.run_id, last, messages, finish_reason)
     inputs = list(consumed_inputs)
     if inputs:
-        RunInput.objects.filter(run_id=claim.run_id, pk__in=inputs, consumed_step__isnull=True).update(
+        waiting_inputs(claim.run_id).filter(pk__in=inputs).update(
             consumed_step=min(s.index for s in steps)
         )
     return last
@@ -213,9 +214,7 @@ def save_and_settle(
             _record(claim, steps, answer_open_calls(messages, CLOSED_AT_END), finish_reason, usage, consumed)
             # The run row is locked now and add_input locks it too: an input that is not seen here
             # is refused, once this commits, as one sent to a settled run.
-            if unless_input and RunInput.objects.filter(
-                run_id=claim.run_id, consumed_step__isnull=True
-            ).exclude(pk__in=consumed).exists():
+            if unless_input and waiting_inputs(claim.run_id).exclude(pk__in=consumed).exists():
                 settled = False
             else:
                 crash_point("before_settle")

@@ -64,10 +64,6 @@ def approved_calls(run_id: str, model_step: int) -> dict[int, str]:
     return dict(approved)
 
 
-def cancel_requested(run_id: str) -> bool:
-    return Run.objects.filter(pk=run_id, cancel_requested=True).exists()
-
-
 def cancels_among(run_ids: Collection[str]) -> set[str]:
     """Which of ``run_ids`` have a cancel requested: one read for every execution of a process."""
     if not run_ids:
@@ -75,8 +71,13 @@ def cancels_among(run_ids: Collection[str]) -> set[str]:
     return set(Run.objects.filter(pk__in=list(run_ids), cancel_requested=True).values_list("pk", flat=True))
 
 
+def waiting_inputs(run_id: str) -> QuerySet[RunInput]:
+    """The steering inputs no model call has taken yet, oldest first."""
+    return RunInput.objects.filter(run_id=run_id, consumed_step__isnull=True)
+
+
 def pending_inputs(run_id: str) -> list[RunInput]:
-    return list(RunInput.objects.filter(run_id=run_id, consumed_step__isnull=True))
+    return list(waiting_inputs(run_id))
 
 
 def taken_inputs(run: Run, steps: list[Step]) -> dict[str, Any]:
