@@ -18,7 +18,8 @@ Rules of ownership, on one screen:
 - Lock order: the run row, then its wait point.
 
 Modules: ``claims`` (claim, renew, count a model call), ``progress`` (steps, waits, settles),
-``steering`` (cancel, input, decisions), ``creating``, ``notifying``, ``effects``; ``queries`` holds
+``steering`` (cancel, input, decisions), ``creating``, ``notifying``, ``effects``, ``pruning``
+(retention: ``manage.py chamvi_prune``); ``queries`` holds
 the read-only selections and ``fence`` the SQL pieces the writes share. This module is the face the
 runtime talks to: it satisfies ``core.ports.Store``.
 """
@@ -39,6 +40,7 @@ from .notifying import (
     take_notification,
 )
 from .progress import CLOSED_AT_END, back_to_waiting, open_wait, save_and_settle, save_step, settle
+from .pruning import PruneRefused, PruneReport, Retention, prune
 from .queries import (
     approved_calls,
     cancels_among,
@@ -57,6 +59,9 @@ __all__ = [
     "NOTIFY_LEASE",
     "CallRef",
     "Claim",
+    "PruneRefused",
+    "PruneReport",
+    "Retention",
     "StepRecord",
     "add_input",
     "approved_calls",
@@ -81,6 +86,7 @@ __all__ = [
     "notify_backoff",
     "open_wait",
     "pending_inputs",
+    "prune",
     "record_effect",
     "reissue_token",
     "renew",
