@@ -1,3 +1,5 @@
+import importlib.util
+
 from django.apps import AppConfig
 from django.utils.module_loading import autodiscover_modules
 
@@ -12,3 +14,8 @@ class ChamviRunsConfig(AppConfig):
 
         # Like admin.py: every installed app's agents.py defines and registers its agents.
         autodiscover_modules("agents")
+        if importlib.util.find_spec("prometheus_client") is not None:
+            # The ``metrics`` extra is installed: count what the engine signals.
+            from . import metrics
+
+            metrics.connect()

@@ -34,10 +34,14 @@ W005       ``LOGIN_URL`` resolves to no view: the pages send anonymous visitors 
 W006       ``EXECUTOR`` is ``"rq"`` with a SQLite database: workers are other processes, and claims
            between processes are built and tested for PostgreSQL
 =========  ==================================================================
+
+The metrics settings (``METRICS_PORT``, ``METRICS_ADDR``, ``METRICS_TOKEN``) have checks of their
+own, listed by ``check_metrics``.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from datetime import timedelta
 from typing import Any
@@ -46,7 +50,7 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.utils.module_loading import import_string
 
-from .conf import DEFAULTS, OPENAI_KEYS
+from .conf import DEFAULTS, METRICS_KEYS, OPENAI_KEYS
 
 
 def _positive(value: Any) -> bool:
@@ -149,6 +153,47 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
                     id="chamvi_runs.W002",
                 )
             )
+    return errors
+
+
+@register(Tags.compatibility)
+def check_metrics(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """The settings of ``chamvi_runs.metrics``:
+
+    =========  ==============================================================
+    E021       ``METRICS_PORT`` is neither None nor an int from 0 to 65535
+    E022       ``METRICS_ADDR`` is not a non-empty string
+    E023       ``METRICS_TOKEN`` is neither None nor a non-empty string
+    E024       ``METRICS_PORT`` or ``METRICS_TOKEN`` is set, but prometheus-client is not
+               installed (the ``metrics`` extra)
+    =========  ==============================================================
+    """
+    user = getattr(settings, "CHAMVI_RUNS", {})
+    if not isinstance(user, dict):
+        return []  # E001, from check_settings
+    value = {**{key: DEFAULTS[key] for key in METRICS_KEYS}, **user}
+    errors = []
+    port = value["METRICS_PORT"]
+    if port is not None and not (isinstance(port, int) and not isinstance(port, bool) and 0 <= port <= 65535):
+        errors.append(
+            _error("METRICS_PORT", f"must be None or a port number (0-65535), not {port!r}", "E021")
+        )
+    addr = value["METRICS_ADDR"]
+    if not isinstance(addr, str) or not addr:
+        errors.append(_error("METRICS_ADDR", f"must be a non-empty string, not {addr!r}", "E022"))
+    token = value["METRICS_TOKEN"]
+    if token is not None and (not isinstance(token, str) or not token):
+        errors.append(_error("METRICS_TOKEN", "must be None or a non-empty string", "E023"))
+    wanted = [key for key in ("METRICS_PORT", "METRICS_TOKEN") if value[key] is not None]
+    if wanted and importlib.util.find_spec("prometheus_client") is None:
+        errors.append(
+            Error(
+                f"CHAMVI_RUNS['{wanted[0]}'] is set, but prometheus-client is not installed: "
+                "chamvi_runs cannot export metrics without it",
+                hint="pip install 'chamvi-runs[metrics]' (or 'prometheus-client>=0.20').",
+                id="chamvi_runs.E024",
+            )
+        )
     return errors
 
 

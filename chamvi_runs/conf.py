@@ -28,7 +28,13 @@ DEFAULTS: dict[str, Any] = {
     "MAX_ATTEMPTS": 5,
     "CONCURRENCY": 1,
     "MODEL": "chamvi_runs.llm_openai.OpenAIModel",
+    "METRICS_PORT": None,
+    "METRICS_ADDR": "127.0.0.1",
+    "METRICS_TOKEN": None,
 }
+
+METRICS_KEYS = ("METRICS_PORT", "METRICS_ADDR", "METRICS_TOKEN")
+"""The settings of ``chamvi_runs.metrics``, which needs prometheus-client (the ``metrics`` extra)."""
 
 OPENAI_KEYS = frozenset({"api_key", "base_url", "timeout", "max_retries"})
 
@@ -111,6 +117,23 @@ class Conf:
     def MODEL(self) -> str:
         """Dotted path of the model class (``chamvi_runs.core.ports.Model``)."""
         return str(self._get("MODEL"))
+
+    @property
+    def METRICS_PORT(self) -> int | None:
+        """The port an RQ worker process serves its Prometheus metrics on; None: it serves none."""
+        value = self._get("METRICS_PORT")
+        return None if value is None else int(value)
+
+    @property
+    def METRICS_ADDR(self) -> str:
+        """The address a worker's metrics port is bound to."""
+        return str(self._get("METRICS_ADDR"))
+
+    @property
+    def METRICS_TOKEN(self) -> str | None:
+        """A bearer token that lets a scraper read ``metrics.metrics_view`` (staff users may anyway)."""
+        value = self._get("METRICS_TOKEN")
+        return None if value is None else str(value)
 
 
 conf = Conf()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import logging
 import queue
@@ -151,7 +152,9 @@ def _pumped(kwargs: dict[str, Any], abort: AbortSignal) -> Iterator[Any]:
 
     if abort.is_set():
         raise Aborted(abort.reason)
-    threading.Thread(target=pump, name="chamvi-model-stream", daemon=True).start()
+    # In the execution's context: what the openai client logs while reading names the run.
+    context = contextvars.copy_context()
+    threading.Thread(target=context.run, args=(pump,), name="chamvi-model-stream", daemon=True).start()
     while True:
         try:
             item = chunks.get(timeout=POLL)

@@ -1,9 +1,13 @@
-"""Signals sent by the engine. Receivers get keyword arguments as documented per signal."""
+"""Signals sent by the engine. Receivers get keyword arguments as documented per signal.
+
+A signal that no receiver listens to costs one check when it is sent: ``chamvi_runs.metrics``
+connects its receivers only where prometheus-client is installed."""
 
 from django.dispatch import Signal
 
 run_started = Signal()
-"""An execution claimed the run: ``run``, ``resumed`` (bool), ``attempt``."""
+"""An execution claimed the run: ``run``, ``resumed`` (bool), ``attempt``, ``decision`` (the
+``WaitPoint`` whose decision or expiry the execution resumes after, or None)."""
 
 run_delta = Signal()
 """A streamed text or reasoning fragment, local to the executing process and never stored:
@@ -20,3 +24,8 @@ run_settled = Signal()
 
 execution_error = Signal()
 """An execution stopped abnormally: ``run_id``, ``error`` (e.g. ``LeaseLostError``)."""
+
+events_sent = Signal()
+"""The events writer of this process recorded a batch of run events in the replay buffer and
+handed it to the channel layer: ``count`` (events, after merging deltas). Sent once per batch, from
+the writer's thread."""

@@ -16,6 +16,9 @@ with Django's connection pool, hands it back while its run waits on the model), 
 ``close_old_connections()`` around every execution still drops one that broke (with
 ``CONN_HEALTH_CHECKS``). A crash of the process loses no run: its lease expires and
 ``chamvi_tick`` re-enqueues it.
+
+With ``CHAMVI_RUNS["METRICS_PORT"]`` set, the process serves its Prometheus metrics on that port
+(``chamvi_runs.metrics``): its executions, steps and events are counted here, not in a web process.
 """
 
 from __future__ import annotations
@@ -61,6 +64,11 @@ class Worker(SimpleWorker):
         if executions is None:
             executions = ThreadExecutor(conf.CONCURRENCY, job=EXECUTION, shutdown=shutdown)
         self.run_threads = executions
+        port = conf.METRICS_PORT
+        if port is not None:
+            from . import metrics  # prometheus-client: the system checks ask for it (E024)
+
+            metrics.serve(port, conf.METRICS_ADDR)
 
     def work(self, burst: bool = False, *args: Any, **kwargs: Any) -> bool:
         cold = False

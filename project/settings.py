@@ -170,6 +170,14 @@ CHAMVI_RUNS = {
 if not OPENAI_API_KEY:
     # No key: the demo agents talk to an offline scripted model instead of a real endpoint.
     CHAMVI_RUNS["MODEL"] = "project.demo.offline.OfflineDemoModel"
+# Prometheus (the ``metrics`` extra): a worker's own port, where it binds, and a scraper's token for
+# the /metrics view (docs/operations.md, "Metrics").
+if os.environ.get("CHAMVI_METRICS_PORT"):
+    CHAMVI_RUNS["METRICS_PORT"] = int(os.environ["CHAMVI_METRICS_PORT"])
+if os.environ.get("CHAMVI_METRICS_ADDR"):
+    CHAMVI_RUNS["METRICS_ADDR"] = os.environ["CHAMVI_METRICS_ADDR"]
+if os.environ.get("CHAMVI_METRICS_TOKEN"):
+    CHAMVI_RUNS["METRICS_TOKEN"] = os.environ["CHAMVI_METRICS_TOKEN"]
 CHAMVI_MODEL = os.environ.get("CHAMVI_MODEL", "gpt-4o-mini")
 
 AUTH_PASSWORD_VALIDATORS: list[dict] = []
@@ -181,10 +189,23 @@ STATIC_URL = "static/"
 MEDIA_ROOT = BASE_DIR / "media"
 LOGIN_URL = "/admin/login/"
 
+# Every record names the run it was logged for (empty outside a run); CHAMVI_LOG_JSON=1 writes one
+# JSON object per line instead of text (chamvi_runs.logs).
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "filters": {"run": {"()": "chamvi_runs.logs.RunContextFilter"}},
+    "formatters": {
+        "text": {"format": "%(levelname)s %(name)s run=%(run_id)s attempt=%(attempt)s %(message)s"},
+        "json": {"()": "chamvi_runs.logs.JsonFormatter"},
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "filters": ["run"],
+            "formatter": "json" if _flag("CHAMVI_LOG_JSON", False) else "text",
+        }
+    },
     "loggers": {
         "chamvi_runs": {"handlers": ["console"], "level": os.environ.get("CHAMVI_LOG_LEVEL", "INFO")}
     },

@@ -1,3 +1,5 @@
+import importlib.util
+
 from django.contrib import admin
 from django.urls import include, path
 from django.views.generic import TemplateView
@@ -7,3 +9,8 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("chamvi/", include("chamvi_runs.urls")),
 ]
+if importlib.util.find_spec("prometheus_client") is not None:
+    # Prometheus metrics (the ``metrics`` extra), for staff sessions and CHAMVI_METRICS_TOKEN.
+    from chamvi_runs.metrics import metrics_view
+
+    urlpatterns.append(path("metrics", metrics_view, name="metrics"))

@@ -26,7 +26,7 @@ from .. import signals, store
 from ..agents.agent import Agent, RunContext, registry
 from ..agents.tools import Tool
 from ..conf import conf
-from ..core import decisions
+from ..core import decisions, log_context
 from ..core.decisions import ABANDON, FINISH, Marker, Settle, Turn
 from ..core.faults import crash_point
 from ..core.messages import input_message, last_assistant, open_tool_calls
@@ -96,6 +96,11 @@ class Execution:
     # --- lifecycle ---------------------------------------------------------------------------
 
     def run(self) -> str | None:
+        # Every record logged while this thread executes the run names it (``chamvi_runs.logs``).
+        with log_context.bound(log_context.of(self.claim)):
+            return self._run()
+
+    def _run(self) -> str | None:
         unsubscribe = self.shutdown.on_set(lambda: self.abort.set("drain")) if self.shutdown else None
         try:
             self.carry_out(decisions.on_claim(self.claim, conf.MAX_ATTEMPTS))
@@ -104,6 +109,7 @@ class Execution:
             except AgentNotFound as exc:
                 self.settle(Settle(Status.FAILED, (ErrorCode.AGENT_NOT_FOUND, str(exc))))
             self.lease = keeper.keep(self.claim, self.abort, agent.budget.deadline(time.monotonic()), self.db)
+            decided = None
             if self.claim.resumed:
                 decided = self.db.resumed_decision(self.claim.run_id)
                 extra = {"decision": decision_json(decided)} if decided is not None else {}
@@ -111,7 +117,11 @@ class Execution:
             else:
                 self.emit("run.start", status=Status.RUNNING)
             signals.run_started.send(
-                Run, run=self.run_row, resumed=self.claim.resumed, attempt=self.claim.attempt
+                Run,
+                run=self.run_row,
+                resumed=self.claim.resumed,
+                attempt=self.claim.attempt,
+                decision=decided,
             )
             self.loop(agent)
         except Settled as settled:
@@ -323,6 +333,8 @@ class Execution:
             kind="llm",
             name=agent.model,
             started_at=started,
+            # The call's end, not the write's: that comes after the call's tools have run.
+            finished_at=timezone.now(),
             input={"messages": len(request.messages), "inputs": inputs},
             output=llm_step_output(turn, finish),
             error=turn.error or "",

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from django.db import connection
 
 from ..conf import conf
+from ..core import log_context
 from ..core.lease import LeaseClock
 from ..core.ports import Store
 from ..core.records import Claim
@@ -109,7 +110,10 @@ class LeaseKeeper:
                         self._lost(lease)
             self._db.hand_back()
         except Exception:
-            logger.warning("lease renewal of %d executions failed", len(leases), exc_info=True)
+            # About one execution, the record names it (as the execution's own records do).
+            alone = log_context.of(leases[0].claim) if len(leases) == 1 else None
+            with log_context.bound(alone):
+                logger.warning("lease renewal of %d executions failed", len(leases), exc_info=True)
             connection.close()
             for lease in leases:
                 if lease.clock.must_give_up(time.monotonic()):
@@ -117,6 +121,8 @@ class LeaseKeeper:
 
     def _lost(self, lease: Lease) -> None:
         # Past this point another worker may hold the run: the execution stops, writing nothing.
+        with log_context.bound(log_context.of(lease.claim)):
+            logger.warning("run %s: lease lost; the execution stops", lease.claim.run_id)
         lease.abort.set("lease_lost")
         self.release(lease)
 

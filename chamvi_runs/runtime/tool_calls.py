@@ -128,6 +128,8 @@ class ToolCalls:
                     output=output,
                     error=error,
                     started_at=started,
+                    # The tool's end, not the write's: that waits for the call's later tools.
+                    finished_at=timezone.now(),
                     invalid_call=invalid,
                 ),
             ]

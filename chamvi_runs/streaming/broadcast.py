@@ -12,12 +12,19 @@ import threading
 import time
 from typing import Any, NamedTuple
 
+from .. import signals
 from ..conf import conf
+from ..core import log_context
+from ..core.log_context import LogContext
 from .buffer import MemoryEventLog, RedisEventLog, event_log
 
 logger = logging.getLogger(__name__)
 
 PUBLISH_TIMEOUT = 5.0
+
+Item = tuple[Any, str, dict[str, Any], list[str], LogContext | None]
+"""An event queued for the writer: its log, run id, event, groups, and the execution it came from
+(named by what the writer logs about it)."""
 
 
 def run_group(run_id: str) -> str:
@@ -195,7 +202,7 @@ class EventWriter:
         self, log: MemoryEventLog | RedisEventLog, run_id: str, event: dict[str, Any], groups: list[str]
     ) -> None:
         self._start()
-        self._queue.put((log, run_id, event, groups))
+        self._queue.put((log, run_id, event, groups, log_context.current()))
 
     def flush(self, timeout: float = 10) -> bool:
         self._start()
@@ -236,8 +243,14 @@ class EventWriter:
                 break
         return batch
 
-    def _write(self, items: list[tuple[Any, str, dict[str, Any], list[str]]]) -> None:
-        items = _coalesce(items)
+    def _write(self, items: list[Item]) -> None:
+        # What is logged about a batch of one execution's events names that execution.
+        contexts = {item[4] for item in items}
+        with log_context.bound(contexts.pop() if len(contexts) == 1 else None):
+            self._write_batch(_coalesce(items))
+
+    def _write_batch(self, items: list[Item]) -> None:
+        sent = 0
         outgoing: dict[str, list[dict[str, Any]]] = {}
         # Consecutive items of one log go out in one batch; logs differ only when settings change.
         start = 0
@@ -247,14 +260,15 @@ class EventWriter:
                 end += 1
             chunk = items[start:end]
             try:
-                stamped = chunk[0][0].append_many([(run_id, event) for _, run_id, event, _ in chunk])
+                stamped = chunk[0][0].append_many([(item[1], item[2]) for item in chunk])
             except Exception:
                 logger.exception("could not record %d events", len(chunk))
                 stamped = []
-            for event, (_, _, _, groups) in zip(stamped, chunk, strict=False):
+            for event, item in zip(stamped, chunk, strict=False):
                 if event is None:
                     continue  # a region already holds it
-                for group in groups:
+                sent += 1
+                for group in item[3]:
                     outgoing.setdefault(group, []).append(event)
             start = end
         if outgoing:
@@ -265,19 +279,19 @@ class EventWriter:
             messages = [(group, message_of(events)) for group, events in outgoing.items()]
             if not publisher.deliver(messages, PUBLISH_TIMEOUT):
                 logger.warning("the channel layer took over %s s to take a batch of events", PUBLISH_TIMEOUT)
+        if sent:
+            signals.events_sent.send(EventWriter, count=sent)
 
 
-def _coalesce(
-    items: list[tuple[Any, str, dict[str, Any], list[str]]],
-) -> list[tuple[Any, str, dict[str, Any], list[str]]]:
+def _coalesce(items: list[Item]) -> list[Item]:
     """Merge each delta into the run's previous item of the batch when that is a delta of the same
     step, attempt and kind. A run's events keep their order (seq is per run); other runs' events
     in between do not matter. When the model streams faster than events are published, clients get
     fewer, larger deltas; their text still concatenates to the step's text, in order."""
-    merged: list[tuple[Any, str, dict[str, Any], list[str]] | None] = []
+    merged: list[Item | None] = []
     latest: dict[tuple[int, str], int] = {}  # (log, run) -> index in merged of its latest item
     for item in items:
-        log, run_id, event, groups = item
+        log, run_id, event = item[:3]
         key = (id(log), run_id)
         at = latest.get(key)
         previous = merged[at] if at is not None else None
@@ -291,7 +305,7 @@ def _coalesce(
             text = previous[2]["text"] + event["text"]
             # Moved to the end: the merged delta goes out where its last part would have.
             merged[at] = None
-            item = (log, run_id, {**previous[2], "text": text}, groups)
+            item = (log, run_id, {**previous[2], "text": text}, *item[3:])
         latest[key] = len(merged)
         merged.append(item)
     return [item for item in merged if item is not None]
