@@ -4,6 +4,7 @@ every write of run state goes through ``chamvi_runs.store``."""
 from __future__ import annotations
 
 import secrets
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import models
@@ -115,6 +116,20 @@ class Run(models.Model):
     @property
     def error(self) -> dict[str, str] | None:
         return {"code": self.error_code, "message": self.error_message} if self.error_code else None
+
+
+class StuckRun(Run):
+    """The admin's "Stuck runs": the same rows as Run, as ``store.queries.stuck_runs`` selects them,
+    with their own view permission and the permission to requeue them."""
+
+    # Set by store.queries.stuck_runs on the rows it returns.
+    stuck_reason: str
+    stuck_for: timedelta
+
+    class Meta:
+        proxy = True
+        verbose_name = "stuck run"
+        permissions = [("requeue_run", "Can requeue a stuck run")]
 
 
 class Thread(models.Model):

@@ -18,7 +18,7 @@ PACKAGE = ROOT / "chamvi_runs"
 # Run state: every write of these goes through chamvi_runs/store/, which fences it on status and
 # claim. Artifact (attachment bytes, written before a run exists) and ApiToken (credentials, written
 # by auth.py) are not run state; neither are the site's own models (users, the demo's rows).
-RUN_STATE = {"Run", "Step", "Checkpoint", "WaitPoint", "RunInput", "EffectRecord", "Thread"}
+RUN_STATE = {"Run", "StuckRun", "Step", "Checkpoint", "WaitPoint", "RunInput", "EffectRecord", "Thread"}
 NOT_RUN_STATE = {"Artifact", "ApiToken", "get_user_model", "dict", "set", "list"}
 CONTAINERS = (ast.Dict, ast.DictComp, ast.List, ast.ListComp, ast.Set, ast.SetComp, ast.Constant)
 # Attributes that lead from a run (or a wait point) to run state: Run's reverse relations and FKs.
@@ -288,4 +288,11 @@ def test_the_admin_can_neither_add_change_nor_delete_run_state(django_user_model
             assert not each.has_change_permission(request), name
             assert not each.has_delete_permission(request), name
             checked.append(name)
-    assert {"RunAdmin", "WaitPointAdmin", "CheckpointAdmin", "StepInline", "WaitPointInline"} <= set(checked)
+    assert {
+        "RunAdmin",
+        "StuckRunAdmin",
+        "WaitPointAdmin",
+        "CheckpointAdmin",
+        "StepInline",
+        "WaitPointInline",
+    } <= set(checked)

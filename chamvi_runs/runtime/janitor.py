@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from enum import StrEnum
 
 from .. import store
 from ..agents.agent import registry
@@ -60,6 +61,34 @@ def _expire(waitpoint: WaitPoint) -> bool:
         return False
     enqueue(waitpoint.run_id)
     return True
+
+
+class Requeued(StrEnum):
+    """What ``requeue`` did."""
+
+    ENQUEUED = "enqueued"
+    """A job is on the queue: a worker claims the run (an expired lease is free to take)."""
+    JOB_WAITING = "job waiting"
+    """Nothing: a job of the run waits in the queue already, which no worker has taken: workers are
+    down or busy, and a second job would wait behind the first."""
+    EXPIRED = "expired"
+    """Its open approval expired, as the tick expires one: the run goes on, or fails (its agent's
+    ``on_approval_expired``)."""
+    DECIDED = "decided"
+    """Nothing: its approval was decided, or the run cancelled, a moment ago."""
+
+
+def requeue(run_id: str) -> Requeued:
+    """Do now for one run what the tick does once it is due, whatever the tick's thresholds: the
+    admin's requeue of a stuck run (``queries.stuck_runs``). An open approval past its expiry (by the
+    database's clock) is expired; any other run gets a doorbell, which a claim refuses for a run
+    that no worker may take."""
+    for waitpoint in queries.expired_waitpoints(run_id):
+        return Requeued.EXPIRED if _expire(waitpoint) else Requeued.DECIDED
+    if run_id in waiting_jobs():
+        return Requeued.JOB_WAITING
+    enqueue(run_id)
+    return Requeued.ENQUEUED
 
 
 def _renotify(waitpoint: WaitPoint) -> bool:

@@ -5,9 +5,24 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar, cast
 
-from django.db.models import DateTimeField, Exists, ExpressionWrapper, OuterRef, Q, QuerySet, Value
+from django.db.models import (
+    Case,
+    CharField,
+    DateTimeField,
+    DurationField,
+    Exists,
+    ExpressionWrapper,
+    F,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    TextChoices,
+    Value,
+    When,
+)
 from django.db.models.functions import Now
 
 from ..core.states import TERMINAL, Status
@@ -146,13 +161,69 @@ def next_in_line(run: Run) -> list[str]:
     return ids
 
 
-def expired_waitpoints() -> list[WaitPoint]:
-    """Open wait points past their expiry, by the database's clock."""
-    return list(
-        WaitPoint.objects.filter(
-            decision__isnull=True, expires_at__lt=Now(), run__status=Status.WAITING
-        ).select_related("run")[:500]
+def expired_waitpoints(run_id: str | None = None) -> list[WaitPoint]:
+    """Open wait points past their expiry, by the database's clock (of one run, if given)."""
+    expired = WaitPoint.objects.filter(
+        decision__isnull=True, expires_at__lt=Now(), run__status=Status.WAITING
     )
+    if run_id is not None:
+        expired = expired.filter(run_id=run_id)
+    return list(expired.select_related("run")[:500])
+
+
+class Stuck(TextChoices):
+    """Why ``stuck_runs`` lists a run."""
+
+    LEASE_EXPIRED = "lease_expired", "lease expired"
+    QUEUED = "queued", "queued too long"
+    APPROVAL_EXPIRED = "approval_expired", "approval expired"
+
+
+R = TypeVar("R", bound=Run)
+
+
+def stuck_runs(runs: QuerySet[R], queued_after: timedelta) -> QuerySet[R]:
+    """Those of ``runs`` that nothing is moving on, by the database's clock: running with an expired
+    lease (its worker died), queued for longer than ``queued_after``, or waiting on an open approval
+    past its expiry. A queued run behind an elder of its concurrency key or thread is not stuck: the
+    elder's settle admits it (the elder is listed if it is stuck itself).
+
+    Each row is annotated with ``stuck_reason`` (a ``Stuck``), ``stuck_since`` (when its lease or
+    approval expired, or when it was created) and ``stuck_for`` (the database's now minus that)."""
+    expired_approval = WaitPoint.objects.filter(
+        run=OuterRef("pk"), decision__isnull=True, expires_at__lt=Now()
+    )
+    queued_before = ExpressionWrapper(Now() - Value(queued_after), output_field=DateTimeField())
+    stuck = (
+        Q(status=Status.RUNNING, claim_expires_at__lt=Now())
+        | (
+            Q(status=Status.QUEUED, created_at__lt=queued_before)
+            & ~waits_for_elder("concurrency_key")
+            & ~waits_for_elder("thread")
+        )
+        | (Q(status=Status.WAITING) & Exists(expired_approval))
+    )
+    # The filter leaves one reason per status.
+    annotated = (
+        runs.filter(stuck)
+        .annotate(
+            stuck_reason=Case(
+                When(status=Status.RUNNING, then=Value(Stuck.LEASE_EXPIRED.value)),
+                When(status=Status.QUEUED, then=Value(Stuck.QUEUED.value)),
+                default=Value(Stuck.APPROVAL_EXPIRED.value),
+                output_field=CharField(),
+            ),
+            stuck_since=Case(
+                When(status=Status.RUNNING, then=F("claim_expires_at")),
+                When(status=Status.QUEUED, then=F("created_at")),
+                default=Subquery(expired_approval.values("expires_at")[:1]),
+                output_field=DateTimeField(),
+            ),
+        )
+        .annotate(stuck_for=ExpressionWrapper(Now() - F("stuck_since"), output_field=DurationField()))
+    )
+    # django-stubs types an annotated queryset of R as one of Run: the rows are still R's.
+    return cast("QuerySet[R]", annotated)
 
 
 def unnotified_waitpoints() -> list[WaitPoint]:
