@@ -80,6 +80,20 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str | Callab
         time.sleep(0.05)
 
 
+def answers(url: str) -> bool:
+    """An HTTP server answers at ``url``, whatever its status."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(url, timeout=2)
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
 class WebProcess:
     """``daphne project.asgi:application`` on a free port, against the test database."""
 
@@ -109,16 +123,7 @@ class WebProcess:
         wait_for(self._up, 30, self.output)
 
     def _up(self) -> bool:
-        import urllib.error
-        import urllib.request
-
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{self.port}/", timeout=2)
-        except urllib.error.HTTPError:
-            return True
-        except OSError:
-            return False
-        return True
+        return answers(f"http://127.0.0.1:{self.port}/")
 
     def request(self, method: str, path: str, token: str, body: dict | None = None) -> tuple[int, dict]:
         import json

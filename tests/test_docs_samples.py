@@ -36,6 +36,7 @@ RUNNERS = [
     ROOT / "tests" / "docsamples" / "site.py",
     ROOT / "tests" / "docsamples" / "myapp.py",
     ROOT / "tests" / "browser" / "test_docs_js_client.py",
+    ROOT / "tests" / "multihost" / "test_multihost.py",
 ]
 
 
