@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test soak bench bench-overhead worker tick clean screenshots
+.PHONY: demo test test-django6 soak bench bench-overhead worker tick clean screenshots
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,27 @@ test: $(STAMP)
 	$(PY) -m mypy chamvi_runs
 	$(PY) manage.py makemigrations --check --dry-run --settings=tests.settings
 	$(PY) -m pytest
+
+# The newest Django the pins allow (6.x needs Python 3.12+), in a venv of its own: the suite's
+# tests of what touches Django (checks, admin, pages, HTTP, websockets, SSE, the engine, migrations,
+# retention, metrics, logs, the documented samples). PYTHON6 names a Python 3.12+.
+PYTHON6 ?= python3.12
+VENV6 := .venv-django6
+PY6 := $(VENV6)/bin/python
+DJANGO6_TESTS := tests/test_checks.py tests/test_admin.py tests/test_admin_stuck.py tests/test_pages.py \
+	tests/test_http_api.py tests/test_http_bad_input.py tests/test_http_scoping.py tests/test_websocket.py \
+	tests/test_sse.py tests/test_engine_basics.py tests/test_engine_failures.py \
+	tests/test_approvals_and_effects.py tests/test_claims_and_steering.py tests/test_prune.py \
+	tests/test_metrics.py tests/test_logs.py tests/test_migrations.py tests/test_asgi_app.py \
+	tests/test_docs_samples.py tests/test_fresh_site.py
+
+test-django6:
+	test -x $(PY6) || $(PYTHON6) -m venv $(VENV6)
+	$(PY6) -m pip install --quiet --upgrade pip
+	$(PY6) -m pip install --quiet -e '.[test]' 'django>=6,<6.2'
+	$(PY6) -c 'import django; assert django.VERSION >= (6,), django.__version__; print("Django", django.__version__)'
+	$(PY6) manage.py makemigrations --check --dry-run --settings=tests.settings
+	$(PY6) -m pytest $(DJANGO6_TESTS)
 
 # The fault-injection suite at SCALE times its CI size (default 5: 250 randomly killed runs, ...).
 SCALE ?= 5
@@ -56,4 +77,4 @@ tick: $(STAMP)
 	$(PY) manage.py chamvi_tick
 
 clean:
-	rm -rf $(VENV) db.sqlite3 media
+	rm -rf $(VENV) $(VENV6) db.sqlite3 media

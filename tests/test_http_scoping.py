@@ -7,6 +7,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+import django
 import pytest
 from django.core import mail
 from django.db import DatabaseError
@@ -155,7 +156,10 @@ class _Unreachable:
 def error_mails(settings) -> Iterator[list[Any]]:
     """Error reports as ``mail_admins`` with ``include_html`` sends them: with each frame's variables."""
     settings.DEBUG = False
-    settings.ADMINS = [("Ops", "ops@example.com")]
+    # Django 6 takes plain addresses and deprecates the (name, address) pairs that 5.2 requires; 6.1
+    # warns without a MAILERS entry, which 5.2 ignores.
+    settings.ADMINS = ["ops@example.com"] if django.VERSION >= (6, 0) else [("Ops", "ops@example.com")]
+    settings.MAILERS = {"default": {"BACKEND": "django.core.mail.backends.locmem.EmailBackend"}}
     handler = AdminEmailHandler(include_html=True)
     logger = logging.getLogger("django.request")
     logger.addHandler(handler)
