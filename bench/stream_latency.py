@@ -213,6 +213,7 @@ def print_tables(
         "repaired",
         "host busy %",
         "load",
+        "Redis B/run",
     ]
 
     def row(r: RoundResult) -> list[object]:
@@ -238,6 +239,7 @@ def print_tables(
             sum(r.repaired.values()),
             r.host_busy_pct,
             r.load_avg,
+            round(r.redis_bytes_per_run),
         ]
 
     print(f"setup: {setup}")

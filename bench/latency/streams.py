@@ -59,6 +59,8 @@ class RoundResult:
     repaired: dict[str, int] = field(default_factory=dict)
     host_busy_pct: float = float("nan")
     load_avg: float = float("nan")
+    # What a run's replay buffer holds in Redis once it has ended (kept STREAM_BUFFER_SECONDS).
+    redis_bytes_per_run: float = float("nan")
 
     @property
     def clean(self) -> bool:
@@ -133,6 +135,21 @@ def _drops() -> dict[str, int]:
     return {k.decode(): int(v) for k, v in counts.items()}
 
 
+def _buffer_bytes(run_ids: list[str]) -> int:
+    """Redis's MEMORY USAGE of the runs' replay buffers (sequence, events, regions)."""
+    import redis
+
+    from bench.latency.stack import REDIS_URL
+    from chamvi_runs.streaming.buffer import RedisEventLog
+
+    client = redis.Redis.from_url(REDIS_URL)
+    pipe = client.pipeline(transaction=False)
+    for run_id in run_ids:
+        for key in RedisEventLog._keys(run_id):
+            pipe.memory_usage(key, samples=0)
+    return sum(size or 0 for size in pipe.execute())
+
+
 def run_round(stack: Stack, runs: int, streams: int) -> RoundResult:
     from chamvi_runs.core.states import TERMINAL
     from chamvi_runs.models import Run
@@ -204,4 +221,5 @@ def run_round(stack: Stack, runs: int, streams: int) -> RoundResult:
         repaired=repaired,
         host_busy_pct=100 * (busy1 - busy0) / max(1.0, total1 - total0),
         load_avg=load,
+        redis_bytes_per_run=_buffer_bytes(run_ids) / runs,
     )
