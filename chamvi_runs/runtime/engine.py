@@ -127,7 +127,7 @@ class Execution:
         except Settled as settled:
             return settled.status
         except LeaseLostError as exc:
-            logger.warning("run %s: %s", self.claim.run_id, exc)
+            logger.warning("%s", exc)  # the message names the run
             signals.execution_error.send(Run, run_id=self.claim.run_id, error=exc)
             return None
         except (OperationalError, InterfaceError) as exc:
