@@ -42,7 +42,6 @@ from typing import Any
 
 from django.db import DatabaseError
 from django.db.models import Count
-from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
@@ -57,6 +56,7 @@ from .conf import conf
 from .core.states import Status
 from .errors import LeaseLostError
 from .models import Run, WaitPoint
+from .store.queries import lease_expired
 
 logger = logging.getLogger(__name__)
 
@@ -168,9 +168,7 @@ class DatabaseCollector:
             counts = Run.objects.order_by().values_list("status").annotate(n=Count("pk"))
             by_status = {status: n for status, n in counts}
             waiting = WaitPoint.objects.filter(decision__isnull=True, run__status=Status.WAITING).count()
-            expired = Run.objects.filter(
-                status=Status.RUNNING, claim_owner__isnull=False, claim_expires_at__lt=Now()
-            ).count()
+            expired = Run.objects.filter(lease_expired()).count()
         except DatabaseError:
             # The process's own metrics are still worth serving.
             logger.warning("metrics: the database could not be read", exc_info=True)

@@ -83,8 +83,9 @@ def requeue(run_id: str) -> Requeued:
     admin's requeue of a stuck run (``queries.stuck_runs``). An open approval past its expiry (by the
     database's clock) is expired; any other run gets a doorbell, which a claim refuses for a run
     that no worker may take."""
-    for waitpoint in queries.expired_waitpoints(run_id):
-        return Requeued.EXPIRED if _expire(waitpoint) else Requeued.DECIDED
+    expired = queries.expired_waitpoints(run_id)
+    if expired:
+        return Requeued.EXPIRED if _expire(expired[0]) else Requeued.DECIDED
     if run_id in waiting_jobs():
         return Requeued.JOB_WAITING
     enqueue(run_id)

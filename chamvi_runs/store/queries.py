@@ -121,6 +121,11 @@ def decided_waitpoints(run: Run) -> QuerySet[WaitPoint]:
     return decided.order_by("created_at", "pk")
 
 
+def lease_expired() -> Q:
+    """Running, and its claim's lease ran out by the database's clock (a released claim has no expiry)."""
+    return Q(status=Status.RUNNING, claim_expires_at__lt=Now())
+
+
 def runs_to_enqueue(stale_after_seconds: float) -> list[str]:
     """Runs a worker should pick up: expired claims, released running runs, and queued or
     interrupted runs untouched for a while (their job may have been lost with Redis). A queued run
@@ -133,7 +138,7 @@ def runs_to_enqueue(stale_after_seconds: float) -> list[str]:
     admissible = ~Q(status=Status.QUEUED) | (~waits_for_elder("concurrency_key") & ~waits_for_elder("thread"))
     return list(
         Run.objects.filter(
-            Q(status=Status.RUNNING, claim_expires_at__lt=Now())
+            lease_expired()
             | (Q(status=Status.RUNNING, claim_owner__isnull=True) & quiet)
             | (Q(status__in=[Status.QUEUED, Status.INTERRUPTED]) & quiet)
         )
@@ -195,7 +200,7 @@ def stuck_runs(runs: QuerySet[R], queued_after: timedelta) -> QuerySet[R]:
     )
     queued_before = ExpressionWrapper(Now() - Value(queued_after), output_field=DateTimeField())
     stuck = (
-        Q(status=Status.RUNNING, claim_expires_at__lt=Now())
+        lease_expired()
         | (
             Q(status=Status.QUEUED, created_at__lt=queued_before)
             & ~waits_for_elder("concurrency_key")
