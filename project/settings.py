@@ -108,6 +108,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "project.csp.ContentSecurityPolicyMiddleware",
 ]
 
 ROOT_URLCONF = "project.urls"
@@ -186,6 +187,8 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
+# The demo's own scripts (its home page, the example chat page of docs/chat-client.md).
+STATICFILES_DIRS = [BASE_DIR / "project" / "static"]
 MEDIA_ROOT = BASE_DIR / "media"
 LOGIN_URL = "/admin/login/"
 

@@ -5,8 +5,9 @@ sample that a test takes with ``block("<name>")`` (or ``shell_commands``) and ru
 ``<!-- not-run: <reason> -->`` excuses it. Python samples run in their context (settings applied
 to a new startproject site, agents.py as a module, the Python API against the test database with
 the README's scripted model), JSON samples are compared with what the API and the engine really
-send (same keys, same types), shell samples run in tests/test_fresh_site.py, the JavaScript client
-in headless Chromium (tests/browser/test_docs_js_client.py).
+send (same keys, same types), shell samples run in tests/test_fresh_site.py; the chat page of
+docs/chat-client.md is the bundled project's, which headless Chromium drives
+(tests/browser/test_example_chat.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,6 @@ RUNNERS = [
     ROOT / "tests" / "test_fresh_site.py",
     ROOT / "tests" / "docsamples" / "site.py",
     ROOT / "tests" / "docsamples" / "myapp.py",
-    ROOT / "tests" / "browser" / "test_docs_js_client.py",
     ROOT / "tests" / "multihost" / "test_multihost.py",
 ]
 
@@ -83,7 +84,8 @@ def test_docs_point_only_inside_the_repository() -> None:
     for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
         text = path.read_text()
         assert "SPEC.md" not in text and "../shared" not in text, path
-        for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text):
+        prose = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)  # code is not links
+        for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", prose):
             if "://" not in target:
                 assert (path.parent / target).exists(), f"{path.name} links to missing {target}"
 
@@ -357,3 +359,11 @@ def test_testing_page_sample_passes_under_pytest_django(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "2 passed" in done.stdout
+
+
+def test_the_chat_page_of_the_docs_is_the_one_the_browser_suite_drives() -> None:
+    """docs/chat-client.md shows the bundled project's example page whole: a site author who copies
+    the three pieces has what tests/browser/test_example_chat.py runs."""
+    assert block("chat-page-html") == (ROOT / "templates" / "example" / "chat.html").read_text()
+    assert block("chat-page-js") == (ROOT / "project" / "static" / "example" / "chat.js").read_text()
+    assert textwrap.indent(block("chat-page-url"), "    ") in (ROOT / "project" / "urls.py").read_text()

@@ -1,7 +1,8 @@
 """The HTML pages: waiting runs to decide, a chat view of one run, and of one thread. Templates are
 ``chamvi_runs/approvals.html``, ``chamvi_runs/run.html`` and ``chamvi_runs/thread.html`` (with
 ``chamvi_runs/thread_run.html`` for one run of a thread); override them in your project. The
-pages' script is ``chamvi_runs/chat.js``, which renders events the same way on both chat pages."""
+pages' scripts (``run-page.js``, ``thread-page.js``, ``approvals-page.js``) are modules on the
+client ``client.js`` and get what they need from the ``chamvi-page`` JSON block: no inline script."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import BadRequest
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
 from .. import api
@@ -86,7 +88,13 @@ def approvals(request: HttpRequest) -> HttpResponse:
         if policy().can_decide(request.user, w.run)
     ]
     cancellable = {w.run_id for w in waiting if policy().can_cancel(request.user, w.run)}
-    return render(request, "chamvi_runs/approvals.html", {"waitpoints": waiting, "cancellable": cancellable})
+    context = {"waitpoints": waiting, "cancellable": cancellable, "page": {"base": client_base()}}
+    return render(request, "chamvi_runs/approvals.html", context)
+
+
+def client_base() -> str:
+    """Where the site included ``chamvi_runs.urls``: the ``base`` of the pages' client (client.js)."""
+    return reverse("chamvi_runs:approvals").removesuffix("approvals/")
 
 
 def _viewable_thread(user: Any, name: str) -> Thread | None:
@@ -154,9 +162,9 @@ def run_page(request: HttpRequest, run_id: str) -> HttpResponse:
         "thread": thread,
         "history": history,
         "page": {
+            "base": client_base(),
             "run_id": run.pk,
             "status": run.status,
-            "terminal": [s.value for s in TERMINAL],
             "can_decide": can_decide,
         },
     }
@@ -172,6 +180,6 @@ def thread_page(request: HttpRequest, thread: str) -> HttpResponse:
     context = {
         "thread": found,
         "runs": _thread_runs(request.user, list(runs)[::-1]),
-        "page": {"thread": found.name, "terminal": [s.value for s in TERMINAL]},
+        "page": {"base": client_base(), "thread": found.name},
     }
     return render(request, "chamvi_runs/thread.html", context)

@@ -1,0 +1,41 @@
+/* The approvals page (templates/chamvi_runs/approvals.html): decides in place, without reloading
+   the page; the page's forms work as they are where scripts do not run. */
+import {decideApproval} from "./client.js";
+import {el} from "./render.js";
+
+const page = JSON.parse(document.getElementById("chamvi-page").textContent);
+const messages = () => {
+  let list = document.querySelector("ul.messages");
+  if (!list) {
+    list = el("ul", "messages");
+    document.querySelector("h1").after(list);
+  }
+  return list;
+};
+
+function say(kind, text) {
+  messages().replaceChildren(el("li", kind, text));
+}
+
+for (const form of document.querySelectorAll("tr.approval form")) {
+  form.addEventListener("submit", (submit) => {
+    const button = submit.submitter;
+    const approvalId = form.elements.approval_id?.value;
+    if (!button || !approvalId || !["approve", "deny"].includes(button.value)) return;  // cancel: posted
+    submit.preventDefault();
+    const row = form.closest("tr.approval");
+    for (const b of row.querySelectorAll("button")) b.disabled = true;
+    const reason = form.elements.reason?.value || "";
+    decideApproval(approvalId, button.value, {reason, base: page.base}).then(
+      () => {
+        say("success", `${button.value === "approve" ? "Approved" : "Denied"}: ${row.dataset.toolName} of run ${row.dataset.runId}.`);
+        row.remove();
+      },
+      (error) => {
+        say("error", `Not done (${error.code}): ${error.message}`);
+        if (["already_decided", "expired", "not_found"].includes(error.code)) row.remove();
+        else for (const b of row.querySelectorAll("button")) b.disabled = false;
+      },
+    );
+  });
+}

@@ -1,0 +1,105 @@
+/* The run page (templates/chamvi_runs/run.html): the run's conversation as it streams, its open
+   approval, its decisions, and the controls to steer, cancel and decide. */
+import {connectRun} from "./client.js";
+import {Conversation, decisionItem, el, pretty} from "./render.js";
+
+const page = JSON.parse(document.getElementById("chamvi-page").textContent);
+const $ = (id) => document.getElementById(id);
+const notice = (text) => { $("notice").textContent = text; };
+const client = connectRun(page.run_id, {base: page.base});
+const conversation = new Conversation($("log"));
+const decided = new Set([...$("decisions").querySelectorAll("li.decision")].map((li) => li.dataset.approvalId));
+
+function waitingBox() {
+  return $("waiting").querySelector("[data-approval-id]");
+}
+
+function drawWaiting(waiting) {
+  const box = el("div", "bubble approval");
+  box.dataset.approvalId = waiting.approval_id;
+  box.append(el("strong", "", "Approval needed:"), " ", el("span", "tool-name", waiting.tool_name), el("pre", "", pretty(waiting.input)));
+  if (page.can_decide) {
+    const reason = el("textarea");
+    Object.assign(reason, {id: "reason", rows: 2, cols: 50, placeholder: "reason (optional)"});
+    box.append(reason, el("br"));
+    for (const [action, label] of [["approve", "Approve"], ["deny", "Deny"]]) {
+      const button = el("button", "", label);
+      button.type = "button";
+      button.dataset.action = action;
+      box.append(button, " ");
+    }
+  } else {
+    box.append(el("p", "muted", "Someone with the permission to decide approvals must approve or deny it."));
+  }
+  $("waiting").replaceChildren(box);
+}
+
+function render(state) {
+  conversation.render(state);
+  $("status").textContent = state.status || page.status;
+  for (const decision of state.decisions) {
+    if (decided.has(decision.approval_id)) continue;
+    decided.add(decision.approval_id);
+    for (const placeholder of $("decisions").querySelectorAll(".no-decisions")) placeholder.remove();
+    $("decisions").append(decisionItem(decision));
+  }
+  // The box the server drew (a reason may be typed in it) stays through a replay that comes to the
+  // same approval; it goes once that approval is decided or the run has ended.
+  const box = waitingBox();
+  if (box && (decided.has(box.dataset.approvalId) || state.ended)) $("waiting").replaceChildren();
+  if (state.waiting && !decided.has(state.waiting.approval_id) && waitingBox()?.dataset.approvalId !== state.waiting.approval_id) {
+    drawWaiting(state.waiting);
+  }
+  if (state.end) {
+    const error = state.end.error;
+    $("error").textContent = error ? `${error.code}: ${error.message}` : "";
+    $("controls")?.remove();
+  }
+}
+
+client.on("change", render);
+
+function refused(error) {
+  notice(`Not done (${error.code}): ${error.message}`);
+}
+
+$("waiting").addEventListener("click", (click) => {
+  const button = click.target.closest("button[data-action]");
+  const box = waitingBox();
+  if (!button || !box) return;
+  const reason = box.querySelector("#reason, textarea, input");
+  for (const b of box.querySelectorAll("button")) b.disabled = true;
+  const action = button.dataset.action;
+  client[action]({approvalId: box.dataset.approvalId, reason: reason ? reason.value : ""}).then(
+    () => {
+      $("waiting").replaceChildren();
+      notice(`${action === "approve" ? "Approved" : "Denied"}: the run goes on.`);
+    },
+    (error) => {
+      refused(error);
+      if (["already_decided", "expired", "not_found"].includes(error.code)) $("waiting").replaceChildren();
+      else for (const b of box.querySelectorAll("button")) b.disabled = false;
+    },
+  );
+});
+
+$("input-form")?.addEventListener("submit", (submit) => {
+  submit.preventDefault();
+  const text = $("input-text");
+  if (!text.value) return;
+  client.input(text.value).then(() => notice("Sent: the run takes it before its next model call."), refused);
+  text.value = "";
+});
+
+$("cancel")?.addEventListener("click", () => {
+  client.cancel().then(
+    (ack) => notice(ack.status === "cancelled" ? "Cancelled." : `Cancel requested (the run is ${ack.status}).`),
+    refused,
+  );
+});
+
+client.on("connection", ({status, error}) => {
+  if (error) notice(`Not following the run (${error.code}): ${error.message}`);
+  else if (status === "reconnecting") notice("Connection lost: reconnecting…");
+  else if (status === "open" && $("notice").textContent.startsWith("Connection lost")) notice("");
+});

@@ -1,0 +1,314 @@
+"""The events a run's stream carries, the commands a socket takes and the replies it sends: the one
+list from which docs/streaming.md's tables, the TypeScript declarations of ``client.d.ts`` and the
+event types of ``client.js`` are written (``python -m chamvi_runs.streaming.vocabulary --write``).
+
+A test holds the server to it: every event a real run streams has exactly the fields listed here.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    ts: str  # its TypeScript type
+    note: str = ""
+    optional: bool = False  # absent from some events of the type
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str
+    interface: str
+    fields: tuple[Field, ...]
+    when: str
+
+    @property
+    def required(self) -> frozenset[str]:
+        return frozenset({"type", "run_id", "seq"} | {f.name for f in self.fields if not f.optional})
+
+    @property
+    def allowed(self) -> frozenset[str]:
+        return frozenset({"type", "run_id", "seq"} | {f.name for f in self.fields})
+
+
+STEP = Field("step", "number")
+ATTEMPT = Field("attempt", "number")
+STATUS = Field("status", "RunStatus")
+
+EVENTS: tuple[Event, ...] = (
+    Event("run.start", "RunStartEvent", (STATUS,), "the first execution began"),
+    Event(
+        "run.resume",
+        "RunResumeEvent",
+        (STATUS, Field("decision", "Decision", "after an approval decision or expiry", optional=True)),
+        "a later execution began (after a decision, a drain or a recovery)",
+    ),
+    Event(
+        "input",
+        "InputEvent",
+        (STEP, Field("input_id", "string"), Field("payload", "Json")),
+        "a steering input was taken into the conversation, before the model call of `step`; announced "
+        "again by a later execution when that model call was not saved (show each `input_id` once)",
+    ),
+    Event("step.start", "StepStartEvent", (STEP, ATTEMPT), "a model call began"),
+    Event(
+        "delta",
+        "DeltaEvent",
+        (
+            STEP,
+            ATTEMPT,
+            Field("kind", '"text" | "reasoning"', "`text` or `reasoning`"),
+            Field("text", "string"),
+        ),
+        "streamed text of the model call",
+    ),
+    Event(
+        "step.end",
+        "StepEndEvent",
+        (
+            STEP,
+            ATTEMPT,
+            Field("finish_reason", "string | null", "`stop`, `tool_calls`, `length`, `error`, …"),
+        ),
+        "the model call ended",
+    ),
+    Event(
+        "tool.call",
+        "ToolCallEvent",
+        (STEP, Field("tool_call_id", "string | null"), Field("name", "string"), Field("input", "Json")),
+        "a tool is about to run (`step` is the tool step's index)",
+    ),
+    Event(
+        "tool.result",
+        "ToolResultEvent",
+        (
+            STEP,
+            Field("tool_call_id", "string | null"),
+            Field("name", "string"),
+            Field("output", "Json", "the tool's result, absent when it failed", optional=True),
+            Field("error", "string", "the tool's error text, instead of `output`", optional=True),
+        ),
+        "its result",
+    ),
+    Event(
+        "run.waiting",
+        "RunWaitingEvent",
+        (
+            Field("approval_id", "string"),
+            Field("tool_name", "string"),
+            Field("input", "Json"),
+            Field("expires_at", "string | null"),
+        ),
+        "the run waits for a decision",
+    ),
+    Event(
+        "run.end",
+        "RunEndEvent",
+        (
+            STATUS,
+            Field("output", "Json"),
+            Field("error", "RunError | null"),
+            Field("usage", "Usage"),
+            Field("inputs", "string[]", "the steering input ids it took"),
+            Field("decisions", "Decision[]", "every decided approval, oldest first, `cancelled` included"),
+        ),
+        "the run settled: the receipt",
+    ),
+    Event(
+        "replay.truncated",
+        "ReplayTruncatedEvent",
+        (STATUS, Field("from_step", "number")),
+        "the events before this one are gone: drop what you showed, what follows rebuilds the run (below)",
+    ),
+)
+
+BY_TYPE = {event.type: event for event in EVENTS}
+
+
+@dataclass(frozen=True)
+class Command:
+    type: str
+    interface: str
+    fields: tuple[Field, ...]
+    ack: tuple[Field, ...]
+
+
+APPROVAL = Field("approval_id", "string")
+REASON = Field("reason", "string", optional=True)
+RUN_ON_THREAD = Field("run_id", "string", "on a thread socket", optional=True)
+
+COMMANDS: tuple[Command, ...] = (
+    Command(
+        "input", "InputCommand", (Field("payload", "Json"), RUN_ON_THREAD), (Field("input_id", "string"),)
+    ),
+    Command("cancel", "CancelCommand", (RUN_ON_THREAD,), (Field("status", "RunStatus"),)),
+    Command("approve", "ApproveCommand", (APPROVAL, REASON), (APPROVAL,)),
+    Command("deny", "DenyCommand", (APPROVAL, REASON), (APPROVAL,)),
+)
+
+ERROR_CODES: tuple[tuple[str, str], ...] = (
+    (
+        "invalid_message",
+        "not JSON, not an object, nested deeper than 64 levels, binary frame, unknown `type`, no or a bad "
+        "`approval_id`, a NUL in `reason`",
+    ),
+    ("not_found", "no such run or approval on this socket, or one the user may not view"),
+    ("forbidden", "the user may view but not steer, cancel or decide"),
+    ("invalid_payload", "an input that cannot be stored (`null`, NUL)"),
+    ("payload_too_large", "an input larger than `MAX_PAYLOAD_BYTES`"),
+    ("run_settled", "an input to a run that has ended"),
+    ("already_decided", "a decision refused: the approval was decided already"),
+    ("expired", "a decision refused: the approval expired"),
+    ("internal_error", "the command failed unexpectedly (logged for the site)"),
+    ("invalid_after", "sent when connecting with a bad `?after=`, then close 4400"),
+)
+
+STATUSES = ("queued", "running", "waiting", "interrupted", "completed", "failed", "cancelled")
+
+
+# --- what is written from it ----------------------------------------------------------------------
+
+
+def _ts_fields(fields: tuple[Field, ...], indent: str = "  ") -> list[str]:
+    return [f"{indent}{f.name}{'?' if f.optional else ''}: {f.ts};" for f in fields]
+
+
+def typescript() -> str:
+    """The declarations of the events, commands and replies (a region of client.d.ts)."""
+    union = lambda values: " | ".join(f'"{v}"' for v in values)  # noqa: E731
+    lines = [
+        "export type Json = null | boolean | number | string | Json[] | {[key: string]: Json};",
+        f"export type RunStatus = {union(STATUSES)};",
+        f"export type EventType = {union(e.type for e in EVENTS)};",
+        f"export type ErrorCode = {union(code for code, _ in ERROR_CODES)};",
+        "export interface Usage { input_tokens: number; output_tokens: number; }",
+        "export interface RunError { code: string; message: string; }",
+        "export interface Decision {",
+        "  approval_id: string;",
+        "  tool_name: string;",
+        '  decision: "approved" | "denied" | "expired" | "cancelled";',
+        "  decided_by: string | null;",
+        "  decided_at: string | null;",
+        "  reason: string;",
+        "}",
+    ]
+    for event in EVENTS:
+        lines += [
+            f"export interface {event.interface} {{",
+            f'  type: "{event.type}";',
+            "  run_id: string;",
+            "  seq: number;",
+            *_ts_fields(event.fields),
+            "}",
+        ]
+    lines.append("export type RunEvent =\n" + "\n".join(f"  | {e.interface}" for e in EVENTS) + ";")
+    lines.append("export interface EventsByType {")
+    lines += [f'  "{e.type}": {e.interface};' for e in EVENTS]
+    lines.append("}")
+    for command in COMMANDS:
+        lines += [f"export interface {command.interface} {{", f'  type: "{command.type}";']
+        lines += [*_ts_fields(command.fields), "}"]
+        lines += [f"export interface {command.interface[: -len('Command')]}Ack {{", '  type: "ack";']
+        lines += [f'  action: "{command.type}";', *_ts_fields(command.ack), "}"]
+    lines.append("export type Command = " + " | ".join(c.interface for c in COMMANDS) + ";")
+    lines.append(
+        "export type Ack = " + " | ".join(c.interface[: -len("Command")] + "Ack" for c in COMMANDS) + ";"
+    )
+    # Over Server-Sent Events the client answers commands with the HTTP API's codes, a wider set.
+    lines.append(
+        'export interface ErrorReply { type: "error"; code: ErrorCode | (string & {}); message: string; }'
+    )
+    lines.append("export type Reply = Ack | ErrorReply;")
+    return "\n".join(lines) + "\n"
+
+
+def javascript() -> str:
+    """The event types as client.js lists them (it reads Server-Sent Events by name)."""
+    types = "".join(f'  "{e.type}",\n' for e in EVENTS)
+    return f"export const EVENT_TYPES = Object.freeze([\n{types}]);\n"
+
+
+def _md_fields(fields: tuple[Field, ...]) -> str:
+    shown = [f"`{f.name}`" + (f" ({f.note})" if f.note else "") for f in fields]
+    return ", ".join(shown) or "—"
+
+
+def markdown_events() -> str:
+    rows = [f"| `{e.type}` | {_md_fields(e.fields)} | {e.when} |" for e in EVENTS]
+    return "\n".join(["| type | extra fields | when |", "| --- | --- | --- |", *rows]) + "\n"
+
+
+def markdown_commands() -> str:
+    rows = []
+    for c in COMMANDS:
+        sent = ", ".join(
+            [f'"type": "{c.type}"'] + [f'"{f.name}"{"?" if f.optional else ""}' for f in c.fields]
+        )
+        ack = ", ".join([f'"type": "ack", "action": "{c.type}"'] + [f'"{f.name}"' for f in c.ack])
+        rows.append(f"| `{{{sent}}}` | `{{{ack}}}` |")
+    return "\n".join(["| command | ack |", "| --- | --- |", *rows]) + "\n"
+
+
+def markdown_errors() -> str:
+    rows = [f"| `{code}` | {when} |" for code, when in ERROR_CODES]
+    return "\n".join(["| code | when |", "| --- | --- |", *rows]) + "\n"
+
+
+ROOT = Path(__file__).resolve().parents[2]
+STATIC = Path(__file__).resolve().parents[1] / "static" / "chamvi_runs"
+
+
+def regions() -> dict[Path, dict[str, str]]:
+    """Each file written from the vocabulary: region name -> its text."""
+    return {
+        STATIC / "client.js": {"vocabulary": javascript()},
+        STATIC / "client.d.ts": {"vocabulary": typescript()},
+        ROOT / "docs" / "streaming.md": {
+            "events": markdown_events(),
+            "commands": markdown_commands(),
+            "errors": markdown_errors(),
+        },
+    }
+
+
+def _pattern(path: Path, name: str) -> re.Pattern[str]:
+    if path.suffix == ".md":
+        start, end = rf"<!-- vocabulary: {name} -->\n", rf"<!-- /vocabulary: {name} -->"
+    else:
+        start, end = rf"// <{name}>[^\n]*\n", rf"// </{name}>"
+    return re.compile(f"({start})(.*?)({end})", re.S)
+
+
+def region_of(path: Path, name: str) -> str | None:
+    match = _pattern(path, name).search(path.read_text())
+    return match.group(2) if match else None
+
+
+def write() -> list[Path]:
+    """Rewrites every region from the vocabulary; returns the files that changed."""
+    changed = []
+    for path, texts in regions().items():
+        before = path.read_text()
+        after = before
+        for name, text in texts.items():
+            match = _pattern(path, name).search(after)
+            if match is None:
+                raise SystemExit(f"{path}: no region {name!r} to write")
+            after = after[: match.start(2)] + text + after[match.end(2) :]
+        if after != before:
+            path.write_text(after)
+            changed.append(path)
+    return changed
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--write"]:
+        raise SystemExit("usage: python -m chamvi_runs.streaming.vocabulary --write")
+    for path in write():
+        print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
