@@ -63,7 +63,7 @@ class WorkerProcess:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
         self.log.close()
-        os.unlink(self.log.name)
+        Path(self.log.name).unlink(missing_ok=True)  # stopped once already: nothing to remove
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, what: str | Callable[[], str]) -> object:

@@ -43,12 +43,17 @@ ALLOW_ASYNC_UNSAFE = "DJANGO_ALLOW_ASYNC_UNSAFE"
 # enough that a broken page fails well inside the test's timeout.
 WAIT_MS = 15_000
 # Records every WebSocket the page opens, so a test can drop the run page's socket mid-run, and the type
-# of every event they brought, so a test knows when the page has caught up with the run.
+# of every event they brought, so a test knows when the page has caught up with the run; and every
+# Content-Security-Policy violation, so a page that needs more than the bundled project's strict
+# policy (project/csp.py) fails its test.
 TRACK_SOCKETS = """
 (() => {
   const Native = window.WebSocket;
   window.__sockets = [];
   window.__events = [];
+  window.__violations = [];
+  document.addEventListener("securitypolicyviolation", (e) =>
+    window.__violations.push(e.violatedDirective + " " + e.blockedURI));
   window.WebSocket = function (...args) {
     const socket = new Native(...args);
     window.__sockets.push(socket);
@@ -59,6 +64,10 @@ TRACK_SOCKETS = """
   Object.assign(window.WebSocket, {CONNECTING: 0, OPEN: 1, CLOSING: 2, CLOSED: 3});
 })();
 """
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "violates_csp: the test breaks the policy on purpose; not checked")
 
 
 def in_ci() -> bool:
@@ -121,11 +130,17 @@ def live_site(
         web = WebProcess(env)
         worker = WorkerProcess(env)
         try:
+            site = LiveSite(web, worker)
             wait_for(worker.ready, 60, worker.output)
-            yield LiveSite(web, worker)
+            yield site
         finally:
-            worker.stop()
-            web.stop()
+            # A test may have put a worker of its own in the site's place.
+            try:
+                worker.stop()
+                if site.worker is not worker:
+                    site.worker.stop()
+            finally:
+                web.stop()
 
 
 @pytest.fixture(autouse=True)
@@ -167,6 +182,19 @@ def failure_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("browser-failures")
 
 
+def csp_violations(tab: Any) -> list[str]:
+    """The violations the page's current document has recorded: none from a closed page or one in
+    the middle of a navigation (its new document records its own)."""
+    from playwright.sync_api import Error
+
+    if tab.is_closed():
+        return []
+    try:
+        return tab.evaluate("window.__violations || []")
+    except Error:
+        return []
+
+
 @pytest.fixture
 def page(
     browser: Any, live_site: LiveSite, user: Any, request: pytest.FixtureRequest, failure_dir: Path
@@ -189,6 +217,12 @@ def page(
     expect(tab).to_have_url(live_site.url + "/")
     yield tab
     report = getattr(request.node, "report_call", None)
+    # Read before the context closes; asserted after, so a violation leaves no context open. The
+    # console tells those of every document the test went through (the admin's login included).
+    refused = [line for line in console if "Content Security Policy" in line]
+    checked = report is not None and report.passed and not request.node.get_closest_marker("violates_csp")
+    violations = refused + csp_violations(tab) if checked else []
+    url = tab.url
     if report is not None and report.failed:
         shot = failure_dir / (re.sub(r"[^\w.-]+", "_", request.node.name) + ".png")
         try:
@@ -200,6 +234,7 @@ def page(
         )
         report.sections.append(("servers", live_site.logs()))
     context.close()
+    assert violations == [], f"Content-Security-Policy violations on {url}"
 
 
 @pytest.fixture

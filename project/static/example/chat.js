@@ -10,7 +10,8 @@ const csrf = () => $("composer").elements.csrfmiddlewaretoken.value;
 // The thread is the conversation: kept in the address, so a reload goes on with it.
 const params = new URLSearchParams(location.search);
 if (!params.has("thread")) {
-  params.set("thread", `chat-${crypto.randomUUID()}`);
+  const random = [...crypto.getRandomValues(new Uint8Array(12))].map((b) => b.toString(16).padStart(2, "0"));
+  params.set("thread", `chat-${random.join("")}`);
   history.replaceState(null, "", `?${params}`);
 }
 const thread = params.get("thread");
@@ -18,6 +19,7 @@ const client = connectThread(thread, {base});
 const sections = new Map();  // run id -> its <section>
 const asks = new Map();  // run id -> the message that started it
 let latest = null;  // the state of the newest run
+const report = (error) => { $("notice").textContent = `${error.code}: ${error.message}`; };
 
 function line(className, text) {
   const p = document.createElement("p");
@@ -74,14 +76,16 @@ client.on("run", (run) => {
   if (!asks.has(run.run_id)) {
     fetch(`${api}${encodeURIComponent(run.run_id)}/`)
       .then((response) => response.json())
-      .then((body) => { asks.set(run.run_id, body.trigger.payload.message); show(run); });
+      .then(({trigger: {payload}}) => {
+        asks.set(run.run_id, typeof payload.message === "string" ? payload.message : JSON.stringify(payload));
+        show(run);
+      }, report);
   }
 });
 client.on("change", (run) => { show(run); showApproval(); });
 client.on("connection", ({status, delay}) => {
   $("connection").textContent = status === "reconnecting" ? `reconnecting in ${delay} ms…` : status;
 });
-const report = (error) => { $("notice").textContent = `${error.code}: ${error.message}`; };
 
 $("composer").addEventListener("submit", async (submit) => {
   submit.preventDefault();
@@ -91,14 +95,18 @@ $("composer").addEventListener("submit", async (submit) => {
     client.input(latest.run_id, text).catch(report);
     return;
   }
-  const response = await fetch(api, {
-    method: "POST",
-    headers: {"Content-Type": "application/json", "X-CSRFToken": csrf()},
-    body: JSON.stringify({agent, thread, payload: {message: text}}),
-  });
-  const body = await response.json();
-  if (response.ok) asks.set(body.id, text);
-  else report(body.error);
+  try {
+    const response = await fetch(api, {
+      method: "POST",
+      headers: {"Content-Type": "application/json", "X-CSRFToken": csrf()},
+      body: JSON.stringify({agent, thread, payload: {message: text}}),
+    });
+    const body = await response.json();
+    if (response.ok) asks.set(body.id, text);
+    else report(body.error);
+  } catch (error) {
+    report({code: "connection_lost", message: error.message});
+  }
 });
 
 for (const decision of ["approve", "deny"]) {
