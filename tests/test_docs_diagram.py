@@ -39,7 +39,7 @@ def _file_exists(name: str) -> bool:
 
 def test_every_path_named_exists() -> None:
     text = DOC.read_text()
-    paths = set(re.findall(r"(?:\.\./)*[\w/]*\w\.(?:py|js|html|svg|toml)\b|chamvi_runs/[\w/]+/", text))
+    paths = set(re.findall(r"(?:\.\./)*[\w/-]*\w\.(?:py|js|html|svg|toml)\b|chamvi_runs/[\w/]+/", text))
     assert any(p.startswith("chamvi_runs/") for p in paths)
     assert sorted(p for p in paths if not _file_exists(p)) == []
 

@@ -312,23 +312,3 @@ def test_a_bad_message_gets_an_error_of_the_vocabulary(message: Any, code: str) 
     run = start_run("basic", "go", created_by=owner)
     (reply,) = async_to_sync(exchange)(run_path(run), headers_for(owner), [message], [])
     assert_error(reply, code)
-
-
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.timeout(30)
-def test_a_bad_after_gets_an_error_of_the_vocabulary_then_a_close() -> None:
-    owner = make_user("owner")
-    run = start_run("basic", "go", created_by=owner)
-    headers = headers_for(owner)
-
-    async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
-        comm = socket(f"/ws/chamvi/runs/{run.pk}/?after=-1", headers)
-        assert (await comm.connect())[0]
-        reply = await comm.receive_json_from(timeout=5)
-        closed = await comm.receive_output(timeout=5)
-        await comm.disconnect()
-        return reply, closed
-
-    reply, closed = async_to_sync(scenario)()
-    assert_error(reply, "invalid_after")
-    assert closed == {"type": "websocket.close", "code": 4400}

@@ -12,6 +12,7 @@ from channels.layers import get_channel_layer
 
 from chamvi_runs import start_run
 from chamvi_runs.models import Run, RunInput, WaitPoint
+from chamvi_runs.streaming import vocabulary
 from chamvi_runs.streaming.broadcast import ChannelsBroadcaster, events_of, message_of, publisher
 from chamvi_runs.web import consumers
 from tests.helpers import events, make_user
@@ -115,6 +116,7 @@ def test_an_after_that_is_not_ascii_digits_is_a_clear_error_and_a_4400_close(ser
 
     first, closed = async_to_sync(scenario)()
     assert first["type"] == "error" and first["code"] == "invalid_after"
+    assert "invalid_after" in dict(vocabulary.ERROR_CODES)  # what the client's declarations know
     assert closed == {"type": "websocket.close", "code": 4400}
 
 

@@ -262,3 +262,14 @@ export function transcript(state) {
 }
 
 export const fastBackoff = () => ({initial: 1, max: 4, random: () => 0});
+
+// What the docs' sample run shows once it has ended: the transcript() of its state.
+export const SAMPLE_TRANSCRIPT = [
+  "message 0#1: Let me look that order up.",
+  "tool 1 lookup_order done",
+  "message 2#1: A colleague has to approve the refund.",
+  "decision apr_9XkQ: approved",
+  "tool 4 issue_refund done",
+  'input inp_4fT8: "The box was damaged too."',
+  "message 5#2: Done: the refund is issued.",
+];

@@ -4,18 +4,9 @@ import assert from "node:assert/strict";
 
 import {RunState, ThreadState, EVENT_TYPES} from "../../chamvi_runs/static/chamvi_runs/client.js";
 import {
-  SAMPLE, RUN_ID, RETRIED, UNTIL_WAITING, bySeq, docSample, numbered, shortRun, interleave, transcript,
+  SAMPLE, SAMPLE_TRANSCRIPT, RUN_ID, RETRIED, UNTIL_WAITING, bySeq, docSample, numbered, shortRun, interleave, transcript,
 } from "./fakes.mjs";
 
-const SAMPLE_TRANSCRIPT = [
-  "message 0#1: Let me look that order up.",
-  "tool 1 lookup_order done",
-  "message 2#1: A colleague has to approve the refund.",
-  "decision apr_9XkQ: approved",
-  "tool 4 issue_refund done",
-  'input inp_4fT8: "The box was damaged too."',
-  "message 5#2: Done: the refund is issued.",
-];
 
 function applied(events, state = new RunState(events[0].run_id)) {
   for (const event of events) state.apply(event);

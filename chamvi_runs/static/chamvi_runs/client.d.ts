@@ -324,15 +324,18 @@ export interface ClientOptions {
 
 type Listener<A extends unknown[]> = (...args: A) => void;
 
-interface Listeners<S> {
+/** `on(name, listener)` of both clients: it returns a function that removes the listener. */
+interface Listeners<S, Extra extends Record<string, unknown[]> = {}> {
   on(name: "event", listener: Listener<[RunEvent, S]>): () => void;
   on<T extends EventType>(name: T, listener: Listener<[EventsByType[T], S]>): () => void;
   on(name: "change", listener: Listener<[S]>): () => void;
   on(name: "reply", listener: Listener<[Reply]>): () => void;
   on(name: "connection", listener: Listener<[ConnectionChange]>): () => void;
+  on<K extends keyof Extra & string>(name: K, listener: Listener<Extra[K]>): () => void;
 }
 
-export declare class RunClient implements Listeners<RunState> {
+export interface RunClient extends Listeners<RunState> {}
+export declare class RunClient {
   constructor(runId: string, options?: ClientOptions);
   readonly runId: string;
   readonly state: RunState;
@@ -340,11 +343,6 @@ export declare class RunClient implements Listeners<RunState> {
   readonly transport: Transport | null;
   /** Why the client gave up, if it did. */
   readonly error?: ChamviError;
-  on(name: "event", listener: Listener<[RunEvent, RunState]>): () => void;
-  on<T extends EventType>(name: T, listener: Listener<[EventsByType[T], RunState]>): () => void;
-  on(name: "change", listener: Listener<[RunState]>): () => void;
-  on(name: "reply", listener: Listener<[Reply]>): () => void;
-  on(name: "connection", listener: Listener<[ConnectionChange]>): () => void;
   start(): this;
   input(payload: Json): Promise<InputAck>;
   cancel(): Promise<CancelAck>;
@@ -353,20 +351,15 @@ export declare class RunClient implements Listeners<RunState> {
   close(): void;
 }
 
-export declare class ThreadClient implements Listeners<RunState> {
+/** A thread client also tells `"run"`: a run of the thread seen for the first time. */
+export interface ThreadClient extends Listeners<RunState, { run: [RunState] }> {}
+export declare class ThreadClient {
   constructor(thread: string, options?: ClientOptions);
   readonly thread: string;
   readonly state: ThreadState;
   readonly connection: ConnectionStatus;
   readonly transport: Transport | null;
   readonly error?: ChamviError;
-  on(name: "event", listener: Listener<[RunEvent, RunState]>): () => void;
-  on<T extends EventType>(name: T, listener: Listener<[EventsByType[T], RunState]>): () => void;
-  on(name: "change", listener: Listener<[RunState]>): () => void;
-  on(name: "reply", listener: Listener<[Reply]>): () => void;
-  on(name: "connection", listener: Listener<[ConnectionChange]>): () => void;
-  /** A run of the thread seen for the first time. */
-  on(name: "run", listener: Listener<[RunState]>): () => void;
   start(): this;
   input(runId: string, payload: Json): Promise<InputAck>;
   cancel(runId: string): Promise<CancelAck>;
