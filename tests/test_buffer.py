@@ -132,6 +132,34 @@ def test_a_region_is_not_stored_when_the_buffer_holds_the_events_after_all(log):
     assert seqs(append(log, step(1))) == [4, 5]
 
 
+def lose_everything(log: Any) -> None:
+    """What a Redis that lost its data, or a restarted embedded-mode process, leaves: no counter."""
+    if isinstance(log, MemoryEventLog):
+        log._held.clear()
+        log._seq.clear()
+    else:
+        log.connection.delete(*RedisEventLog._keys(RUN))
+
+
+def test_a_client_ahead_of_a_lost_counter_gets_a_region_after_its_seq_and_the_run_goes_on(log):
+    # A client was sent seqs up to 40; then the counter was lost while step 1 was streaming.
+    append(log, [{"type": "run.start", "run_id": RUN}, *step(0), *step(1, "step.start")])
+    lose_everything(log)
+    since = append(log, step(1, "delta", "delta"))
+    assert seqs(since) == [1, 2] and log.window(RUN, 40) == (2, [])
+    region = log.rebase(RUN, rebuild(0), 40)
+    # The marker tells it to drop what it showed; the stored step, then the step in flight, follow.
+    assert seqs(region) == list(range(41, 41 + len(region)))
+    assert [e["type"] for e in region[:2]] == [buffer.MARKER, "run.start"]
+    assert [(e["type"], e["step"]) for e in region[-2:]] == [("delta", 1), ("delta", 1)]
+    # The counter moved past the region: live events go on after it, for that client and any other.
+    live = append(log, step(1, "step.end"))
+    assert seqs(live) == [region[-1]["seq"] + 1]
+    assert log.window(RUN, 40).events == [*region, *live]
+    assert log.window(RUN, 2).events == [*region, *live]
+    assert log.window(RUN, 0).events == [*region, *live]
+
+
 def test_an_active_runs_buffer_lives_through_its_wait_and_ends_after_run_end(log, settings):
     settings.CHAMVI_RUNS = {**settings.CHAMVI_RUNS, "STREAM_BUFFER_SECONDS": 60, "APPROVAL_TTL": 3600}
     expires = (timezone.now() + timedelta(days=3)).isoformat()

@@ -135,6 +135,48 @@ def test_a_reconnect_after_a_settled_runs_buffer_expired_gets_run_end(server, ro
     assert parse(body(root_client.get(url(run), HTTP_LAST_EVENT_ID=str(streamed[-1]["seq"])))) == []
 
 
+def lose_seqs(redis: Any, run: Run) -> None:
+    """What a Redis that lost its data does to a run: its buffer and its seq counter are gone."""
+    redis.delete(f"chamvi:seq:{run.pk}", f"chamvi:events:{run.pk}", f"chamvi:region:{run.pk}")
+
+
+def test_a_client_that_resumes_after_redis_lost_the_seqs_of_a_settled_run_gets_run_end(
+    server, root_client, redis
+):
+    run, waitpoint = waiting_run(server, root_client.user)
+    run = approve_and_finish(server, waitpoint, root_client.user)
+    top = events(run)[-1]["seq"]
+    lose_seqs(redis, run)
+    # The page was sent everything but run.end; the run rebuilt from 1 would all be at or below it.
+    streamed = parse(body(root_client.get(url(run), HTTP_LAST_EVENT_ID=str(top - 1))))
+    assert streamed[0]["type"] == "replay.truncated"
+    assert_consecutive(streamed, top)
+    assert streamed[-1]["type"] == "run.end" and streamed[-1]["output"] == "Refunded."
+
+
+def test_a_page_that_resumes_a_waiting_run_after_redis_lost_its_seqs_streams_on_to_the_end(
+    server, root_client, redis
+):
+    run, waitpoint = waiting_run(server, root_client.user, "I will ", "refund.")
+    seen = events(run)[-1]["seq"]  # the page showed the approval request
+    lose_seqs(redis, run)
+
+    async def scenario():
+        stream = Stream(await sync_to_async(root_client.get)(url(run), HTTP_LAST_EVENT_ID=str(seen)))
+        replayed = await stream.until("run.waiting")
+        finish_it = sync_to_async(approve_and_finish, thread_sensitive=False)
+        finished = await finish_it(server, waitpoint, root_client.user)
+        return replayed, await stream.until("run.end"), finished
+
+    replayed, live, finished = async_to_sync(scenario)()
+    assert finished.status == "completed"
+    assert replayed[0]["type"] == "replay.truncated"
+    assert [e["type"] for e in replayed[1:]] == REBUILT_WAITING
+    # The approval's live events follow the rebuild, past the page's seq, with no gap.
+    assert [e["type"] for e in live] == AFTER_APPROVAL
+    assert_consecutive(replayed + live, seen + 1)
+
+
 def test_an_active_runs_buffer_outlives_its_wait_and_shrinks_after_run_end(
     server, root_client, redis, settings
 ):

@@ -38,6 +38,8 @@ from ..conf import conf
 BUFFER_EVENTS = 10_000
 SEQ_TTL = 90 * 24 * 3600
 MARKER = "replay.truncated"
+# Above any run's seq; Lua prints a number with 14 digits, so the scripts must never count near 10**14.
+MAX_SEQ = 10**12
 
 
 def buffer_ttl(event: dict[str, Any]) -> int:
@@ -188,16 +190,21 @@ class MemoryEventLog:
             held = self._live(run_id) or self._held.setdefault(run_id, _Held())
             top = self._top(run_id, held)
             low = held.events[0]["seq"] if held.events else top + 1
-            if held.covers is not None and held.covers[0] >= low:
+            ahead = after > top
+            if held.covers is not None and held.covers[0] >= low and not ahead:
                 return held.events[held.covers[0] - low :]
-            if top > 0 and not (after < low - 1 and after < top):
+            if top > 0 and not ahead and not (after < low - 1 and after < top):
                 return held.events[max(after - low + 1, 0) :]
-            events = region(rebuild, held.events, top)
+            base = max(top, after)
+            events = region(rebuild, held.events, base)
+            if ahead:
+                # The held events are older than the region, which carries what it needs of them.
+                held.events, low = [], base + 1
             held.events.extend(events)
-            held.covers = (top + 1, rebuild.step, rebuild.waiting)
-            self._seq[run_id] = top + len(events)
+            held.covers = (base + 1, rebuild.step, rebuild.waiting)
+            self._seq[run_id] = base + len(events)
             # Trimmed to the cap, never into the region.
-            del held.events[: min(max(len(held.events) - BUFFER_EVENTS, 0), top + 1 - low)]
+            del held.events[: min(max(len(held.events) - BUFFER_EVENTS, 0), base + 1 - low)]
             held.expires = self.clock() + rebuild.ttl
             return events
 
@@ -267,10 +274,11 @@ class RedisEventLog:
       low = tonumber(held[2])
       top = math.max(top, tonumber(held[#held]))
     end
-    local first = tonumber(redis.call('HGET', KEYS[3], 'seq') or '-1')
-    if first >= low then return redis.call('ZRANGEBYSCORE', KEYS[2], first, '+inf') end
     local after = tonumber(ARGV[8])
-    if top > 0 and not (after < low - 1 and after < top) then
+    local ahead = after > top
+    local first = tonumber(redis.call('HGET', KEYS[3], 'seq') or '-1')
+    if first >= low and not ahead then return redis.call('ZRANGEBYSCORE', KEYS[2], first, '+inf') end
+    if top > 0 and not ahead and not (after < low - 1 and after < top) then
       return redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. after, '+inf')
     end
     local step, waiting = tonumber(ARGV[4]), ARGV[5]
@@ -282,14 +290,19 @@ class RedisEventLog:
       decoded[#decoded + 1] = {held[i], seq, event}
       if type(event.step) == 'number' and event.step >= 0 and event.step <= step then cut = seq end
     end
-    local seq, out = top, {}
+    local base = math.max(top, after)
+    if ahead then
+      redis.call('DEL', KEYS[2])
+      low = base + 1
+    end
+    local seq, out = base, {}
     local function push(prefix)
       seq = seq + 1
       local encoded = prefix .. ',"seq":' .. seq .. '}'
       redis.call('ZADD', KEYS[2], seq, encoded)
       out[#out + 1] = encoded
     end
-    if top > 0 or ARGV[6] == '1' then push(string.sub(ARGV[7], 1, -2)) end
+    if base > 0 or ARGV[6] == '1' then push(string.sub(ARGV[7], 1, -2)) end
     for i = 9, #ARGV do push(string.sub(ARGV[i], 1, -2)) end
     for _, item in ipairs(decoded) do
       local event, keep = item[3], false
@@ -308,8 +321,8 @@ class RedisEventLog:
     end
     redis.call('SET', KEYS[1], seq, 'EX', ARGV[2])
     redis.call('DEL', KEYS[3])
-    redis.call('HSET', KEYS[3], 'seq', top + 1, 'step', step, 'waiting', waiting)
-    local excess = math.min(redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[3]), top + 1 - low)
+    redis.call('HSET', KEYS[3], 'seq', base + 1, 'step', step, 'waiting', waiting)
+    local excess = math.min(redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[3]), base + 1 - low)
     if excess > 0 then redis.call('ZREMRANGEBYRANK', KEYS[2], 0, excess - 1) end
     redis.call('EXPIRE', KEYS[2], ARGV[1])
     redis.call('EXPIRE', KEYS[3], ARGV[1])
@@ -359,7 +372,9 @@ class RedisEventLog:
     def rebase(self, run_id: str, rebuild: Rebuild, after: int) -> list[dict[str, Any]]:
         """Store ``rebuild`` as a region after the run's latest seq and return it. Or return the
         events from the start of a region still held (another client got there first), or those
-        after ``after`` when the buffer now holds them all (a seq was allocated meanwhile)."""
+        after ``after`` when the buffer now holds them all (a seq was allocated meanwhile). A client
+        ahead of the counter (Redis lost it) gets the region after its own seq: the counter moves
+        past it, and the older held events go (the region carries what it needs of them)."""
         args = [
             rebuild.ttl,
             max(rebuild.ttl, SEQ_TTL),

@@ -20,6 +20,12 @@
      numbered after N, so a client that resumes inside it goes on where it stopped.
    - No seq known at all (the counter's 90 days are over, or Redis lost its data): the rebuild is
      numbered from 1 with no marker, as the run's first events.
+   - A client ahead of the counter (it was sent seqs before Redis, or embedded mode's process,
+     lost them): the rebuild is numbered after the client's seq, opened by the marker, and for an
+     active run the counter moves past it; otherwise the client would skip every event up to its
+     seq and never see the run end. Of a settled run, a client is ahead once it is past the end
+     of the rebuild numbered after N, or has any seq while none is known. A seq above
+     ``MAX_SEQ`` is no run's and gets nothing.
 3. A rebuild carries the latest ``REBUILD_STEPS`` steps at most; then its marker's ``from_step``
    says where it starts (earlier steps are in the run's JSON).
 
@@ -35,7 +41,7 @@ from typing import Any
 from ..core.states import TERMINAL, Status
 from ..models import Run, Step, WaitPoint
 from ..store import queries
-from .buffer import BUFFER_EVENTS, MARKER, Rebuild, buffer_ttl, event_log, region
+from .buffer import BUFFER_EVENTS, MARKER, MAX_SEQ, Rebuild, buffer_ttl, event_log, region
 from .serializers import decision_json, run_end_event
 
 # A step is at most 4 events in a rebuild (start, two deltas, end): a region stays well within the
@@ -49,24 +55,34 @@ def replay_after(run_id: str, after: int) -> list[dict[str, Any]]:
     log = event_log()
     window = log.window(run_id, after)
     up_to_date = window.top > 0 and after <= window.top
-    if window.events is not None and (window.events or up_to_date):
-        return window.events
+    if (window.events is not None and (window.events or up_to_date)) or after > MAX_SEQ:
+        return window.events or []
     run = Run.objects.filter(pk=run_id).first()
     if run is None:
         return window.events or []
     if run.status in TERMINAL:
-        return [e for e in region(rebuild(run), [], window.top) if e["seq"] > after]
-    if window.events is None or (window.top == 0 and run.started_at is not None):
-        # Behind the buffer, or the run has run while no seq is known: store the rebuild.
+        built = rebuild(run)
+        events = region(built, [], window.top)
+        if after > (events[-1]["seq"] if window.top else 0):
+            # Sent seqs that neither the counter nor the rebuild after it numbered: the counter was
+            # lost, and a rebuild from 1 would match nothing the client has.
+            events = region(built, [], after)
+        return [e for e in events if e["seq"] > after]
+    if window.events is None or after > window.top or (window.top == 0 and run.started_at is not None):
+        # Behind the buffer, ahead of a lost counter, or the run has run while no seq is known:
+        # store the rebuild.
         return [e for e in log.rebase(run_id, rebuild(run), after) if e["seq"] > after]
     return []
 
 
 def missed_after(run_id: str, after: int) -> list[dict[str, Any]]:
     """The events after ``after`` for a stream repairing what the layer lost: from the buffer alone
-    (none yet is an answer too), and rebuilt from the stored steps only when some are gone."""
-    events = event_log().window(run_id, after).events
-    return replay_after(run_id, after) if events is None else events
+    (none yet is an answer too), and rebuilt from the stored steps only when some are gone or the
+    counter no longer knows the stream's seq."""
+    window = event_log().window(run_id, after)
+    if window.events is None or window.top < after <= MAX_SEQ:
+        return replay_after(run_id, after)
+    return window.events
 
 
 def events_from_steps(run: Run) -> list[dict[str, Any]]:
