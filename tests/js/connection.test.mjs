@@ -7,7 +7,7 @@ import {
 } from "../../chamvi_runs/static/chamvi_runs/client.js";
 import {
   FakeWebSocket, LOCATION, SAMPLE, SAMPLE_TRANSCRIPT, RUN_ID, UNTIL_WAITING, bySeq, numbered, shortRun, interleave, transcript,
-  fastBackoff, outcome, flush, waitFor,
+  fakeFetch, fastBackoff, outcome, flush, waitFor,
 } from "./fakes.mjs";
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -110,6 +110,7 @@ test("scenario 1: a gap is not papered over: events after the gap still come in 
   socket.messages([SAMPLE[0], SAMPLE[2], SAMPLE[1]]);
   assert.equal(client.state.last_seq, 3);
   assert.equal(client.state.message(0).text, "Let me look that order up.");
+  client.close();
 });
 
 test("a reconnect answered with replay.truncated starts the page over, and the rebuild shows the run once", async () => {
@@ -568,4 +569,118 @@ test("a RunClient made without start() opens nothing until started", () => {
   assert.equal(client.start(), client);
   assert.equal(FakeWebSocket.instances.length, 1);
   client.close();
+});
+
+test("options given as undefined keep their defaults: the socket resumes from 0 and commands wait 15 s", async (t) => {
+  t.mock.timers.enable({apis: ["setTimeout"]});
+  const {client} = follow({after: undefined, commandTimeout: undefined, backoff: undefined});
+  const socket = FakeWebSocket.last;
+  assert.equal(socket.after, "0");
+  socket.open();
+  const input = outcome(client.input("x"));
+  t.mock.timers.tick(14_999);
+  await flush();
+  assert.equal(input.done, false, "the command still waits for its answer");
+  socket.message({type: "ack", action: "input", input_id: "inp_1"});
+  await input.promise;
+  assert.equal(input.value.input_id, "inp_1");
+  client.close();
+});
+
+test("a socket that finishes its handshake after close() brings the client back neither open nor sending", async () => {
+  const {client, statuses} = follow();
+  const queued = outcome(client.input("x"));
+  const socket = FakeWebSocket.last;
+  client.close();
+  socket.open();
+  await queued.promise;
+  assert.equal(queued.error.code, "closed");
+  assert.deepEqual(statuses(), ["closed"]);
+  assert.equal(client.connection, "closed");
+  assert.deepEqual(socket.sent, []);
+});
+
+test("a socket that stayed open 5 s reconnects at the shortest delay again (a run waiting for approval sends nothing)", async (t) => {
+  t.mock.timers.enable({apis: ["setTimeout"]});
+  const {client, changes} = follow({backoff: new Backoff({initial: 100, max: 10_000, random: () => 1})});
+  const delays = () => changes.filter((c) => c.status === "reconnecting").map((c) => c.delay);
+  FakeWebSocket.last.open();
+  FakeWebSocket.last.serverClose(1006);
+  t.mock.timers.tick(100);
+  FakeWebSocket.last.refuse();
+  t.mock.timers.tick(200);
+  FakeWebSocket.last.open();
+  FakeWebSocket.last.messages(UNTIL_WAITING);  // the run waits: nothing more comes
+  FakeWebSocket.last.serverClose(1006);
+  t.mock.timers.tick(100);
+  FakeWebSocket.last.open();
+  t.mock.timers.tick(4_999);
+  FakeWebSocket.last.serverClose(1006);
+  assert.deepEqual(delays(), [100, 200, 100, 200], "4.999 s is not long enough");
+  t.mock.timers.tick(200);
+  FakeWebSocket.last.open();
+  t.mock.timers.tick(5_000);
+  FakeWebSocket.last.serverClose(1006);
+  assert.deepEqual(delays(), [100, 200, 100, 200, 100]);
+  client.close();
+});
+
+test("a server that accepts every socket and drops it at once is called again later each time", async (t) => {
+  t.mock.timers.enable({apis: ["setTimeout"]});
+  const {client, changes} = follow({backoff: new Backoff({initial: 100, max: 10_000, random: () => 1})});
+  for (let n = 0; n < 4; n++) {
+    FakeWebSocket.last.open();
+    FakeWebSocket.last.serverClose(1011);
+    t.mock.timers.tick(changes.at(-1).delay);
+  }
+  assert.deepEqual(changes.filter((c) => c.status === "reconnecting").map((c) => c.delay), [100, 200, 400, 800]);
+  client.close();
+});
+
+/** The timers set from here on and not yet fired or cleared. */
+function liveTimers(t) {
+  const live = new Set();
+  const {setTimeout: set, clearTimeout: clear} = globalThis;
+  globalThis.setTimeout = (callback, ms, ...args) => {
+    const id = set(() => {
+      live.delete(id);
+      callback(...args);
+    }, ms);
+    live.add(id);
+    return id;
+  };
+  globalThis.clearTimeout = (id) => {
+    live.delete(id);
+    clear(id);
+  };
+  t.after(() => Object.assign(globalThis, {setTimeout: set, clearTimeout: clear}));
+  return live;
+}
+
+test("close() leaves no timer behind: no reconnect, no command's timeout, no backoff reset", async (t) => {
+  const live = liveTimers(t);
+  const {client} = follow();
+  FakeWebSocket.last.open();
+  const sent = outcome(client.input("x"));
+  assert.ok(live.size >= 2, "an open socket and a command in flight have their timers");
+  client.close();
+  await sent.promise;
+  assert.equal(live.size, 0);
+
+  const dropped = follow().client;
+  FakeWebSocket.last.open();
+  FakeWebSocket.last.serverClose(1006);
+  const queued = outcome(dropped.input("y"));
+  dropped.close();
+  await queued.promise;
+  assert.equal(live.size, 0);
+
+  const fetch = fakeFetch({onPost: () => new Promise(() => {})});
+  const sse = connectRun(RUN_ID, {...base(), transport: "sse", fetch});
+  await waitFor(() => sse.connection === "open", "the stream");
+  const posted = outcome(sse.input("z"));
+  sse.close();
+  await posted.promise;
+  assert.equal(posted.error.code, "closed");
+  assert.equal(live.size, 0);
 });

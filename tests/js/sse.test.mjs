@@ -5,6 +5,7 @@ import assert from "node:assert/strict";
 import {
   ChamviError, connectRun, connectThread, decideApproval,
 } from "../../chamvi_runs/static/chamvi_runs/client.js";
+import {withGlobals} from "./dom.mjs";
 import {
   FakeWebSocket, LOCATION, SAMPLE, RUN_ID, UNTIL_WAITING, bySeq, sseFrame, fakeFetch, jsonResponse, transcript,
   fastBackoff, outcome, flush, waitFor,
@@ -16,7 +17,7 @@ beforeEach(() => FakeWebSocket.reset());
 
 function followSse(fetch, options = {}) {
   const client = connectRun(RUN_ID, {
-    WebSocket: undefined, fetch, location: LOCATION, backoff: fastBackoff(), csrfToken: "tok-123", ...options,
+    WebSocket: null, fetch, location: LOCATION, backoff: fastBackoff(), csrfToken: "tok-123", ...options,
   });
   const changes = [];
   client.on("connection", (change) => changes.push(change));
@@ -232,7 +233,7 @@ test("auto: after 3 websockets that never opened, the client goes on over SSE fr
   client.close();
 });
 
-test("auto: a websocket that opened once resets the count of failures", async () => {
+test("auto: once a websocket has opened, a page that loses its network keeps reconnecting over websockets", async () => {
   const fetch = fakeFetch();
   const client = connectRun(RUN_ID, {WebSocket: FakeWebSocket, fetch, location: LOCATION, backoff: fastBackoff()});
   FakeWebSocket.last.refuse();
@@ -241,13 +242,14 @@ test("auto: a websocket that opened once resets the count of failures", async ()
   await waitFor(() => FakeWebSocket.instances.length === 3, "socket 3");
   FakeWebSocket.last.open();
   FakeWebSocket.last.serverClose(1006);
-  for (let n = 4; n <= 5; n++) {
+  // The wifi is gone: socket after socket never opens.
+  for (let n = 4; n <= 8; n++) {
     await waitFor(() => FakeWebSocket.instances.length === n, `socket ${n}`);
     FakeWebSocket.last.refuse();
   }
-  await waitFor(() => FakeWebSocket.instances.length === 6, "socket 6");
+  await waitFor(() => FakeWebSocket.instances.length === 9, "socket 9");
   assert.equal(client.transport, "websocket");
-  assert.equal(fetch.gets.length, 0);
+  assert.equal(fetch.gets.length, 0, "no switch to Server-Sent Events for good");
   client.close();
 });
 
@@ -270,8 +272,117 @@ test("auto: a command queued while websockets fail is sent over HTTP once on SSE
   }
 });
 
+/** A fetch whose POSTs the server never answers; a POST's request fails once its signal aborts. */
+function unanswered() {
+  return fakeFetch({
+    onPost: (url, body, init) => new Promise((resolve, reject) => {
+      init.signal?.addEventListener("abort", () => reject(new DOMException("The operation was aborted.", "AbortError")));
+    }),
+  });
+}
+
+test("over SSE, a command the server does not answer rejects with timeout and its request is aborted", async () => {
+  const fetch = unanswered();
+  const {client} = followSse(fetch, {commandTimeout: 20});
+  const replies = [];
+  client.on("reply", (reply) => replies.push(reply));
+  const input = outcome(client.input("x"));
+  await waitFor(() => input.done, "the command to give up", 500);
+  assert.ok(input.error instanceof ChamviError);
+  assert.equal(input.error.code, "timeout");
+  assert.equal(fetch.posts[0].init.signal.aborted, true, "the request is not left running");
+  assert.deepEqual(replies, [], "the client's own timeout is no reply of the server");
+  client.close();
+});
+
+test("over SSE, close() rejects commands still on their way with closed, also after the run ended", async () => {
+  const fetch = unanswered();
+  const {client} = followSse(fetch);
+  await waitFor(() => fetch.streams.length === 1, "the stream");
+  const early = outcome(client.input("x"));
+  client.close();
+  await waitFor(() => early.done, "the command to be rejected", 500);
+  assert.equal(early.error.code, "closed");
+  assert.equal(fetch.posts[0].init.signal.aborted, true);
+
+  const {client: ended} = followSse(fetch);
+  await waitFor(() => fetch.streams.length === 2, "the second client's stream");
+  const late = outcome(ended.cancel());
+  fetch.streams[1].events(SAMPLE);
+  await waitFor(() => ended.state.ended, "run.end");
+  ended.close();
+  await waitFor(() => late.done, "the command to be rejected after run.end", 500);
+  assert.equal(late.error.code, "closed");
+});
+
+test("an option given as undefined keeps its default: csrfToken: undefined still sends the cookie's token", async (t) => {
+  const restore = withGlobals({document: {cookie: "sessionid=s; csrftoken=from-cookie"}});
+  t.after(restore);
+  const fetch = fakeFetch({onPost: () => jsonResponse(202, {id: "inp_1", run_id: RUN_ID})});
+  const {client} = followSse(fetch, {csrfToken: undefined});
+  await client.input("x");
+  assert.equal(fetch.posts[0].headers["X-CSRFToken"], "from-cookie");
+  client.close();
+});
+
+test("close() while the stream request is on its way: its late answer opens, reports and retries nothing", async () => {
+  const answers = {
+    refused: () => jsonResponse(404, {error: {code: "not_found", message: "no such run"}}),
+    "server error": () => new Response("<h1>Bad gateway</h1>", {status: 502}),
+    accepted: () => null,
+  };
+  for (const [name, answer] of Object.entries(answers)) {
+    let release;
+    const gate = new Promise((resolve) => { release = resolve; });
+    const fetch = fakeFetch({onStream: () => gate.then(answer)});
+    const {client, statuses} = followSse(fetch);
+    await waitFor(() => fetch.gets.length === 1, "the stream request");
+    client.close();
+    release();
+    await sleep(10);
+    assert.deepEqual(statuses(), ["closed"], name);
+    assert.equal(client.error, undefined, name);
+    assert.equal(fetch.gets.length, 1, name);
+  }
+});
+
+test("a listener that closes the client gets no more events, not even those of the same chunk", async () => {
+  const fetch = fakeFetch();
+  const {client} = followSse(fetch);
+  const seen = [];
+  client.on("event", (event) => {
+    seen.push(event.seq);
+    if (event.seq === 2) client.close();
+  });
+  await waitFor(() => fetch.streams.length === 1, "the stream");
+  fetch.streams[0].push(bySeq(1, 5).map(sseFrame).join(""));
+  await sleep(10);
+  assert.deepEqual(seen, [1, 2]);
+  assert.equal(client.state.last_seq, 2);
+});
+
+test("a stream that stayed open 5 s reconnects at the shortest delay again; one cut at once waits longer", async (t) => {
+  t.mock.timers.enable({apis: ["setTimeout"]});
+  const fetch = fakeFetch();
+  const {client, changes} = followSse(fetch, {backoff: {initial: 100, max: 10000, random: () => 1}});
+  const delays = () => changes.filter((c) => c.status === "reconnecting").map((c) => c.delay);
+  for (let n = 1; n <= 3; n++) {
+    await waitFor(() => client.connection === "open", `stream ${n} to open`);
+    fetch.streams.at(-1).end();
+    await waitFor(() => client.connection === "reconnecting", `stream ${n} to end`);
+    t.mock.timers.tick(changes.at(-1).delay);
+  }
+  assert.deepEqual(delays(), [100, 200, 400]);
+  await waitFor(() => client.connection === "open", "stream 4 to open");
+  t.mock.timers.tick(5000);
+  fetch.streams.at(-1).end();
+  await waitFor(() => client.connection === "reconnecting", "stream 4 to end");
+  assert.deepEqual(delays(), [100, 200, 400, 100]);
+  client.close();
+});
+
 test("a thread has no SSE stream: without websockets the client closes with unsupported", async () => {
-  const thread = connectThread("customer-42", {WebSocket: undefined, fetch: fakeFetch(), location: LOCATION});
+  const thread = connectThread("customer-42", {WebSocket: null, fetch: fakeFetch(), location: LOCATION});
   assert.equal(thread.connection, "closed");
   assert.equal(thread.error.code, "unsupported");
   await assert.rejects(thread.input("run_a", "x"), {code: "unsupported"});

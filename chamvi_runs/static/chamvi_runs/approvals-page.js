@@ -26,7 +26,9 @@ for (const form of document.querySelectorAll("tr.approval form")) {
     const row = form.closest("tr.approval");
     for (const b of row.querySelectorAll("button")) b.disabled = true;
     const reason = form.elements.reason?.value || "";
-    decideApproval(approvalId, button.value, {reason, base: page.base}).then(
+    // The form's own token: the csrftoken cookie may be out of a script's reach.
+    const options = {reason, base: page.base, csrfToken: form.elements.csrfmiddlewaretoken?.value};
+    decideApproval(approvalId, button.value, options).then(
       () => {
         say("success", `${button.value === "approve" ? "Approved" : "Denied"}: ${row.dataset.toolName} of run ${row.dataset.runId}.`);
         row.remove();

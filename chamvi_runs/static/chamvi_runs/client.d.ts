@@ -184,7 +184,8 @@ export type ClientErrorCode = ErrorCode | "connection_lost" | "timeout" | "close
 
 export declare class ChamviError extends Error {
   readonly code: ClientErrorCode;
-  /** The HTTP status of a refusal over HTTP (Server-Sent Events mode), else null. */
+  /** The HTTP status of a refusal over HTTP (Server-Sent Events mode), or the websocket close code
+      (4403, 4400) of a refused connection that ended the client; else null. */
   readonly status: number | null;
   constructor(code: ClientErrorCode, message: string, options?: { status?: number | null });
 }
@@ -247,14 +248,8 @@ export interface Waiting {
   expires_at: string | null;
 }
 
-export interface Receipt {
-  status: RunStatus;
-  output: Json;
-  error: RunError | null;
-  usage: Usage;
-  inputs: string[];
-  decisions: Decision[];
-}
+/** What a run settled with: its run.end event without the envelope. */
+export type Receipt = Omit<RunEndEvent, "type" | "run_id" | "seq">;
 
 export declare class RunState {
   constructor(runId: string);
@@ -301,25 +296,32 @@ export interface ConnectionChange {
   error?: ChamviError;
 }
 
+/** An option given as undefined takes its default. */
 export interface ClientOptions {
   /** Where `chamvi_runs.urls` is included ("/chamvi/"): the HTTP API and Server-Sent Events. */
-  base?: string;
+  base?: string | undefined;
   /** Where the websocket routes are ("/ws/chamvi/"). */
-  socketBase?: string;
-  /** "auto" (websocket, Server-Sent Events if websockets are unavailable), "websocket" or "sse". */
-  transport?: "auto" | Transport;
-  /** The seq already shown: events up to it are skipped (0). */
-  after?: number;
+  socketBase?: string | undefined;
+  /** "auto" (websocket; Server-Sent Events if there is no WebSocket, or three sockets in a row never
+      opened before any did), "websocket" or "sse". */
+  transport?: "auto" | Transport | undefined;
+  /** A run client's seq already shown: events up to it are skipped (0). A thread client has no
+      `after`: its socket replays the thread's latest runs from their start, each with its own seqs,
+      and the client skips, run by run, what it has. */
+  after?: number | undefined;
   /** Extra headers of HTTP requests (Server-Sent Events and commands over HTTP). */
-  headers?: Record<string, string>;
-  /** Django's CSRF token for commands over HTTP; by default read from the csrftoken cookie. */
-  csrfToken?: string | (() => string);
-  /** How long a command waits for its answer, in ms (15000). */
-  commandTimeout?: number;
-  backoff?: Backoff | BackoffOptions;
-  location?: { protocol: string; host: string };
-  WebSocket?: typeof WebSocket;
-  fetch?: typeof fetch;
+  headers?: Record<string, string> | undefined;
+  /** Django's CSRF token for commands over HTTP; by default read from the csrftoken cookie. A page
+      whose cookie a script cannot read (CSRF_COOKIE_HTTPONLY, CSRF_USE_SESSIONS, another
+      CSRF_COOKIE_NAME) passes the `csrfmiddlewaretoken` field of its `{% csrf_token %}`. */
+  csrfToken?: string | (() => string) | undefined;
+  /** How long a command waits for its answer, in ms (15000); a command over HTTP is aborted then. */
+  commandTimeout?: number | undefined;
+  backoff?: Backoff | BackoffOptions | undefined;
+  location?: { protocol: string; host: string } | undefined;
+  /** null: no websockets, as in a browser without them. */
+  WebSocket?: typeof WebSocket | null | undefined;
+  fetch?: typeof fetch | undefined;
 }
 
 type Listener<A extends unknown[]> = (...args: A) => void;
@@ -372,13 +374,13 @@ export declare function connectRun(runId: string, options?: ClientOptions): RunC
 export declare function connectThread(thread: string, options?: ClientOptions): ThreadClient;
 
 export interface DecideOptions {
-  reason?: string;
+  reason?: string | undefined;
   /** The wait point's token from a notifier's link: no session needed. */
-  token?: string | null;
-  base?: string;
-  headers?: Record<string, string>;
-  csrfToken?: string | (() => string);
-  fetch?: typeof fetch;
+  token?: string | null | undefined;
+  base?: string | undefined;
+  headers?: Record<string, string> | undefined;
+  csrfToken?: string | (() => string) | undefined;
+  fetch?: typeof fetch | undefined;
 }
 
 /** The wait point as the HTTP API returns it after a decision. */

@@ -25,12 +25,17 @@ export const EVENT_TYPES = Object.freeze([
 const TERMINAL = new Set(["completed", "failed", "cancelled"]);
 // Close codes after which reconnecting cannot help (SPEC §8): may not watch; a bad ?after=.
 const FATAL_CLOSE = {4403: "forbidden", 4400: "invalid_after"};
-// A websocket that never opens this many times in a row is taken as unavailable (a proxy that
-// strips the upgrade): the client goes on over Server-Sent Events, if it may.
+// A websocket that never opens this many times in a row, before any has opened, is taken as
+// unavailable (a proxy that strips the upgrade): the client goes on over Server-Sent Events, if it
+// may. Once one has opened, failures are the network's (a laptop off its wifi), not the proxy's.
 const SOCKET_FAILURES_BEFORE_SSE = 3;
+// ms a connection must stay open before the reconnect delay starts over: a server that accepts and
+// drops at once is not called again at the shortest delay, a run quietly waiting for an approval is.
+const STEADY_AFTER = 5000;
 
 /** A refusal or failure of a command, or of the connection: `code` is one of the server's stable
-    error codes, or `connection_lost`, `timeout`, `unsupported` from the client itself. */
+    error codes, or `connection_lost`, `timeout`, `closed`, `unsupported` from the client itself.
+    `status` is the HTTP status, or the websocket close code (4403, 4400) that ended the client. */
 export class ChamviError extends Error {
   constructor(code, message, {status = null} = {}) {
     super(message);
@@ -214,7 +219,9 @@ function csrfFromCookie() {
   return match ? decodeURIComponent(match[1]) : "";
 }
 
-function defaults(options) {
+function defaults(given) {
+  // `{after: undefined}` means "not given", as in a destructuring default: it must not override one.
+  const options = Object.fromEntries(Object.entries(given).filter(([, value]) => value !== undefined));
   const location = options.location || globalThis.location || {protocol: "http:", host: "localhost"};
   return {
     base: "/chamvi/",
@@ -243,8 +250,11 @@ class Connection {
     this.closed = false;
     this.socket = null;
     this.stream = null;
-    this.timer = null;
-    this.failures = 0;  // websockets that closed without ever opening, in a row
+    this.timer = null;  // the next reconnect
+    this.steady = null;  // the backoff's reset once the connection has stayed open
+    this.failures = 0;  // websockets that closed without opening, in a row, before any opened
+    this.socketWorked = false;
+    this.closing = new AbortController();  // aborted by close(): the HTTP commands in flight
     this.pending = [];  // commands sent on the open socket, answered in order
     this.outbox = [];  // commands waiting for the socket to open
   }
@@ -294,7 +304,7 @@ class Connection {
     // Commands given while the sockets kept failing go as HTTP requests now.
     for (const command of this.outbox.splice(0)) {
       clearTimeout(command.timer);
-      this.post(command.http).then(command.resolve, command.reject);
+      this.postCommand(command.http).then(command.resolve, command.reject);
     }
     this.openStream();
   }
@@ -314,9 +324,11 @@ class Connection {
     this.socket = socket;
     let opened = false;
     socket.onopen = () => {
+      // A socket close() gave up on may still finish its handshake: it must not bring the client back.
+      if (this.socket !== socket) return;
       opened = true;
-      this.failures = 0;
-      this.setConnection("open");
+      this.socketWorked = true;
+      this.opened();
       for (const command of this.outbox.splice(0)) this.transmit(command);
     };
     socket.onmessage = (message) => {
@@ -333,6 +345,7 @@ class Connection {
     socket.onclose = (close) => {
       if (this.socket !== socket) return;
       this.socket = null;
+      clearTimeout(this.steady);
       for (const command of this.pending.splice(0)) {
         this.settle(command, null, new ChamviError(
           "connection_lost", "the connection closed before the server answered: the command may have been applied",
@@ -348,12 +361,17 @@ class Connection {
         this.finish();
         return;
       }
-      if (this.options.transport === "auto" && this.failures >= SOCKET_FAILURES_BEFORE_SSE && this.ssePath()) {
+      if (this.socketsUnavailable()) {
         this.useSSE();
         return;
       }
       this.retry(() => this.openSocket(), close.code);
     };
+  }
+
+  socketsUnavailable() {
+    const tried = this.failures >= SOCKET_FAILURES_BEFORE_SSE;
+    return this.options.transport === "auto" && !this.socketWorked && tried && this.ssePath();
   }
 
   transmit(command) {
@@ -384,32 +402,58 @@ class Connection {
         credentials: "same-origin",
         signal: controller.signal,
       });
-    } catch (error) {
-      if (this.stream === controller && !this.closed) this.retry(() => this.openStream());
+    } catch {
+      if (this.following(controller)) this.retry(() => this.openStream());
       return;
     }
+    if (!this.following(controller)) return;
     if (!response.ok) {
-      const body = await response.json().catch(() => ({}));
-      const {code = "http_" + response.status, message = response.statusText} = body.error || {};
-      if (response.status >= 400 && response.status < 500) this.fail(code, message, response.status);
-      else this.retry(() => this.openStream(), response.status);
+      await this.refused(controller, response);
       return;
     }
-    this.setConnection("open");
+    this.opened();
     try {
       await readEvents(response.body, (data) => {
+        if (!this.following(controller)) return false;
         this.options.backoff.reset();
         this.receive(data);
+        return true;
       });
     } catch {
       // The connection was cut (or aborted by close()): resume below.
     }
-    if (this.stream !== controller || this.closed) return;
+    if (!this.following(controller)) return;
+    clearTimeout(this.steady);
     if (this.done()) this.finish();
     else this.retry(() => this.openStream());
   }
 
+  /** Whether `stream` is still the one to follow: close(), a failure or a newer stream end it. */
+  following(stream) {
+    return this.stream === stream && !this.closed;
+  }
+
+  /** A stream answered with an error: a refusal (4xx) ends the client, a server error is retried. */
+  async refused(stream, response) {
+    const body = await response.json().catch(() => ({}));
+    if (!this.following(stream)) return;
+    const {code = "http_" + response.status, message = response.statusText} = body.error || {};
+    if (response.status >= 400 && response.status < 500) this.fail(code, message, response.status);
+    else this.retry(() => this.openStream(), response.status);
+  }
+
   // --- both --------------------------------------------------------------------------------
+
+  opened() {
+    this.setConnection("open");
+    clearTimeout(this.steady);
+    this.steady = setTimeout(() => this.options.backoff.reset(), STEADY_AFTER);
+  }
+
+  stopTimers() {
+    clearTimeout(this.timer);
+    clearTimeout(this.steady);
+  }
 
   retry(reconnect, code) {
     const delay = this.options.backoff.next();
@@ -431,7 +475,7 @@ class Connection {
   /** The run has settled: nothing more will come. Commands already sent still get their answers. */
   finish() {
     this.closed = true;
-    clearTimeout(this.timer);
+    this.stopTimers();
     if (this.pending.length === 0) this.shutdown();
     for (const command of this.outbox.splice(0)) this.settle(command, null, this.closedError());
     this.setConnection("closed");
@@ -445,6 +489,8 @@ class Connection {
 
   /** Stops following: no more events, no reconnect. Commands not yet answered are rejected. */
   close() {
+    // Also after the run ended: its commands over HTTP may still be on their way.
+    this.closing.abort();
     if (this.closed && !this.socket) return;
     this.shutdown();
     const error = new ChamviError("closed", "the client was closed");
@@ -454,7 +500,7 @@ class Connection {
 
   shutdown() {
     this.closed = true;
-    clearTimeout(this.timer);
+    this.stopTimers();
     if (this.stream) this.stream.abort();
     this.stream = null;
     const socket = this.socket;
@@ -472,7 +518,7 @@ class Connection {
         return;
       }
       if (this.transport === "sse") {
-        this.post(http).then(resolve, reject);
+        this.postCommand(http).then(resolve, reject);
         return;
       }
       command.timer = setTimeout(() => {
@@ -501,13 +547,38 @@ class Connection {
     else command.resolve(ack);
   }
 
-  async post({path, body, ack}) {
+  /** Sends a command over the HTTP API: its ack, or a ChamviError; `timeout` after commandTimeout
+      ms and `closed` on close() abort the request, as the websocket's commands give up. */
+  postCommand(http) {
+    return new Promise((resolve, reject) => {
+      const request = new AbortController();
+      const onClose = () => stop(new ChamviError("closed", "the client was closed"));
+      const onTimeout = () => stop(new ChamviError("timeout", "the server did not answer in time"));
+      const timer = setTimeout(onTimeout, this.options.commandTimeout);
+      const release = () => {
+        clearTimeout(timer);
+        this.closing.signal.removeEventListener("abort", onClose);
+      };
+      // Settled before the abort: the request's own AbortError (told apart differently by every
+      // browser) comes too late to be the answer.
+      const stop = (error) => {
+        release();
+        reject(error);
+        request.abort();
+      };
+      this.closing.signal.addEventListener("abort", onClose);
+      this.post(http, request.signal).then(resolve, reject).finally(release);
+    });
+  }
+
+  async post({path, body, ack}, signal) {
     try {
-      const reply = {type: "ack", ...ack(await postJson(this.options, path, body))};
+      const reply = {type: "ack", ...ack(await postJson(this.options, path, body, signal))};
       this.emit("reply", reply);
       return reply;
     } catch (error) {
-      this.emit("reply", {type: "error", code: error.code, message: error.message});
+      // A "reply" is the server's: not the client's own timeout, close() or a lost connection.
+      if (error.status !== null) this.emit("reply", {type: "error", code: error.code, message: error.message});
       throw error;
     }
   }
@@ -522,7 +593,7 @@ class Connection {
 
 /** POSTs `body` as JSON to the HTTP API with the session's CSRF token; the response's JSON, or a
     ChamviError with the API's error code and the HTTP status. */
-async function postJson({base, fetch, headers, csrfToken}, path, body) {
+async function postJson({base, fetch, headers, csrfToken}, path, body, signal = null) {
   const token = typeof csrfToken === "function" ? csrfToken() : csrfToken;
   let response;
   try {
@@ -531,11 +602,14 @@ async function postJson({base, fetch, headers, csrfToken}, path, body) {
       credentials: "same-origin",
       headers: {"Content-Type": "application/json", ...(token ? {"X-CSRFToken": token} : {}), ...headers},
       body: JSON.stringify(body),
+      signal,
     });
   } catch (error) {
     throw new ChamviError("connection_lost", `the request failed: ${error.message}`);
   }
   const data = await response.json().catch(() => ({}));
+  // An answer cut off by the abort is no answer, even with a 2xx status.
+  if (signal?.aborted) throw new ChamviError("connection_lost", "the request was aborted");
   if (!response.ok) {
     const {code = `http_${response.status}`, message = response.statusText} = data.error || {};
     throw new ChamviError(code, message, {status: response.status});
@@ -554,7 +628,8 @@ export function decideApproval(approvalId, decision, {reason = "", token = null,
   return postJson(defaults(options), `api/approvals/${encodeURIComponent(approvalId)}/${decision}/`, body);
 }
 
-/** Parses a Server-Sent Events body, calling `onEvent` with each event's JSON data. */
+/** Parses a Server-Sent Events body, calling `onEvent` with each event's JSON data until it returns
+    false. */
 async function readEvents(body, onEvent) {
   const reader = body.getReader();
   const decoder = new TextDecoder();
@@ -569,7 +644,7 @@ async function readEvents(body, onEvent) {
       const line = buffer.slice(0, end).replace(/\r$/, "");
       buffer = buffer.slice(end + 1);
       if (line === "") {
-        if (data.length) onEvent(JSON.parse(data.join("\n")));
+        if (data.length && !onEvent(JSON.parse(data.join("\n")))) return;
         data = [];
       } else if (line.startsWith("data:")) {
         data.push(line.slice(line[5] === " " ? 6 : 5));

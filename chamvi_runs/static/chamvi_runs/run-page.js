@@ -6,7 +6,10 @@ import {Conversation, decisionItem, el, pretty} from "./render.js";
 const page = JSON.parse(document.getElementById("chamvi-page").textContent);
 const $ = (id) => document.getElementById(id);
 const notice = (text) => { $("notice").textContent = text; };
-const client = connectRun(page.run_id, {base: page.base});
+// The template's {% csrf_token %}: the cookie may be out of a script's reach (CSRF_COOKIE_HTTPONLY,
+// CSRF_USE_SESSIONS), and commands go over HTTP once the client falls back to Server-Sent Events.
+const csrfToken = document.querySelector("input[name=csrfmiddlewaretoken]")?.value;
+const client = connectRun(page.run_id, {base: page.base, csrfToken});
 const conversation = new Conversation($("log"));
 const decided = new Set([...$("decisions").querySelectorAll("li.decision")].map((li) => li.dataset.approvalId));
 

@@ -1,6 +1,6 @@
 // A chat page on chamvi_runs' client: each message starts a run of the agent in one thread (the
 // conversation), or steers the run that is still answering. Everything is shown as text.
-import {connectThread} from "../chamvi_runs/client.js";
+import {ChamviError, connectThread} from "../chamvi_runs/client.js";
 
 const $ = (id) => document.getElementById(id);
 const {agent, api} = $("chat").dataset;
@@ -19,7 +19,19 @@ const client = connectThread(thread, {base});
 const sections = new Map();  // run id -> its <section>
 const asks = new Map();  // run id -> the message that started it
 let latest = null;  // the state of the newest run
-const report = (error) => { $("notice").textContent = `${error.code}: ${error.message}`; };
+const report = ({code = "error", message}) => { $("notice").textContent = `${code}: ${message}`; };
+
+// The API's JSON, or a ChamviError: the API's, or the HTTP status of an answer that is not the API's
+// JSON (Django's CSRF failure is an HTML page).
+async function call(url, init) {
+  const response = await fetch(url, init).catch((error) => {
+    throw new ChamviError("connection_lost", error.message);
+  });
+  const body = await response.json().catch(() => null);
+  if (response.ok && body) return body;
+  const {code = `http_${response.status}`, message = response.statusText} = body?.error ?? {};
+  throw new ChamviError(code, message, {status: response.status});
+}
 
 function line(className, text) {
   const p = document.createElement("p");
@@ -74,12 +86,12 @@ client.on("run", (run) => {
   latest = run;
   // A run started before this page opened: its first message is in its trigger.
   if (!asks.has(run.run_id)) {
-    fetch(`${api}${encodeURIComponent(run.run_id)}/`)
-      .then((response) => response.json())
+    call(`${api}${encodeURIComponent(run.run_id)}/`)
       .then(({trigger: {payload}}) => {
         asks.set(run.run_id, typeof payload.message === "string" ? payload.message : JSON.stringify(payload));
         show(run);
-      }, report);
+      })
+      .catch(report);
   }
 });
 client.on("change", (run) => { show(run); showApproval(); });
@@ -87,7 +99,7 @@ client.on("connection", ({status, delay}) => {
   $("connection").textContent = status === "reconnecting" ? `reconnecting in ${delay} ms…` : status;
 });
 
-$("composer").addEventListener("submit", async (submit) => {
+$("composer").addEventListener("submit", (submit) => {
   submit.preventDefault();
   const text = $("message").value;
   $("message").value = "";
@@ -95,24 +107,16 @@ $("composer").addEventListener("submit", async (submit) => {
     client.input(latest.run_id, text).catch(report);
     return;
   }
-  try {
-    const response = await fetch(api, {
-      method: "POST",
-      headers: {"Content-Type": "application/json", "X-CSRFToken": csrf()},
-      body: JSON.stringify({agent, thread, payload: {message: text}}),
-    });
-    const body = await response.json();
-    if (response.ok) asks.set(body.id, text);
-    else report(body.error);
-  } catch (error) {
-    report({code: "connection_lost", message: error.message});
-  }
+  const headers = {"Content-Type": "application/json", "X-CSRFToken": csrf()};
+  call(api, {method: "POST", headers, body: JSON.stringify({agent, thread, payload: {message: text}})})
+    .then((run) => asks.set(run.id, text))
+    .catch(report);
 });
 
 for (const decision of ["approve", "deny"]) {
   $(decision).addEventListener("click", () => {
     const reason = $("approval-reason").value;
-    client[decision]($("approval").dataset.id, {reason}).then(() => { $("approval").hidden = true; }, report);
+    client[decision]($("approval").dataset.id, {reason}).then(() => { $("approval").hidden = true; }).catch(report);
   });
 }
 $("stop").addEventListener("click", () => client.cancel(latest.run_id).catch(report));
