@@ -349,6 +349,52 @@ def test_a_thread_socket_receives_the_events_of_every_run_of_the_thread(server):
     assert_gapless(live)
 
 
+def test_a_thread_socket_resumes_each_run_after_the_seq_its_client_names(server):
+    owner = make_user("owner")
+    first = completed_run(server, owner, thread="t-resume")
+    second = completed_run(server, owner, thread="t-resume")
+    elsewhere = completed_run(server, owner, thread="t-other")
+    top = events(first)[-1]["seq"]
+    resume = f"{first.pk}:{top - 2},{second.pk}:{events(second)[-1]['seq']},{elsewhere.pk}:0"
+    headers = headers_for(owner)
+
+    async def scenario():
+        comm = socket(f"/ws/chamvi/threads/t-resume/?after=0&resume={resume}", headers)
+        assert (await comm.connect())[0]
+        received = await receive_until_end(comm)
+        await comm.disconnect()
+        return received
+
+    # Of the first run only what comes after the client's seq; nothing of the second, which it has
+    # whole, nor of a run of another thread that it names.
+    assert async_to_sync(scenario)() == events(first)[-2:]
+
+
+def test_a_thread_socket_whose_run_lost_its_seqs_serves_a_resuming_client_up_to_run_end(server, redis):
+    owner = make_user("owner")
+    run = completed_run(server, owner, thread="t-lost")
+    stream = events(run)
+    # Redis lost its data after the page had been sent all but run.end.
+    redis.delete(f"chamvi:events:{run.pk}", f"chamvi:seq:{run.pk}", f"chamvi:region:{run.pk}")
+    seen = stream[-2]["seq"]
+    headers = headers_for(owner)
+
+    async def scenario():
+        comm = socket(f"/ws/chamvi/threads/t-lost/?after=0&resume={run.pk}:{seen}", headers)
+        assert (await comm.connect())[0]
+        received = await receive_until_end(comm)
+        await comm.disconnect()
+        return received
+
+    received = async_to_sync(scenario)()
+    # Numbered after the client's seq, so that it takes them: the run rebuilt, opened by the marker.
+    assert received[0]["type"] == "replay.truncated" and received[0]["seq"] == seen + 1
+    assert_gapless(received, first=seen + 1)
+    assert received[-1]["type"] == "run.end" and received[-1]["output"] == stream[-1]["output"]
+    text = "".join(e["text"] for e in received if e["type"] == "delta" and e["kind"] == "text")
+    assert text == "Hello!"
+
+
 def test_a_thread_socket_does_not_leak_runs_another_user_starts_in_the_thread(server):
     # A user who may view every run may also start one in someone else's thread; its owner may not
     # view that run, so their socket does not forward it.

@@ -94,6 +94,19 @@ def test_a_thread_socket_replays_only_the_latest_runs_of_a_long_thread():
     replayed = async_to_sync(scenario)()
     assert [e["run_id"] for e in replayed] == [run.pk for run in runs[-50:]]
 
+    async def resumed():
+        # A page that still shows the oldest run names it, and gets it too (first: it is the oldest).
+        comm = socket(f"/ws/chamvi/threads/long/?after=0&resume={runs[0].pk}:0", headers)
+        assert (await comm.connect())[0]
+        replayed = []
+        while not await comm.receive_nothing(timeout=0.5):
+            replayed.append(await comm.receive_json_from())
+        await comm.disconnect()
+        return replayed
+
+    replayed = async_to_sync(resumed)()
+    assert [e["run_id"] for e in replayed] == [runs[0].pk] + [run.pk for run in runs[-50:]]
+
 
 # --- bad input ------------------------------------------------------------------------------------
 
@@ -117,6 +130,37 @@ def test_an_after_that_is_not_ascii_digits_is_a_clear_error_and_a_4400_close(ser
     first, closed = async_to_sync(scenario)()
     assert first["type"] == "error" and first["code"] == "invalid_after"
     assert "invalid_after" in dict(vocabulary.ERROR_CODES)  # what the client's declarations know
+    assert closed == {"type": "websocket.close", "code": 4400}
+
+
+@pytest.mark.parametrize(
+    "resume",
+    [
+        "run_x",
+        "run_x:",
+        ":5",
+        "run_x:-1",
+        "run_x:%C2%B2",
+        "run_x:5,",
+        "run_x:5,%00:1",
+        ",".join(["r:1"] * 201),
+    ],
+)
+def test_a_thread_socket_refuses_a_resume_that_is_not_run_id_seq_pairs_with_4400(resume):
+    owner = make_user("owner")
+    start_run("basic", "go", created_by=owner, thread="t-bad")
+    headers = headers_for(owner)
+
+    async def scenario():
+        comm = socket(f"/ws/chamvi/threads/t-bad/?after=0&resume={resume}", headers)
+        assert (await comm.connect())[0]
+        first = await comm.receive_json_from(timeout=5)
+        closed = await comm.receive_output(timeout=5)
+        await comm.disconnect()
+        return first, closed
+
+    first, closed = async_to_sync(scenario)()
+    assert first["type"] == "error" and first["code"] == "invalid_after" and "resume" in first["message"]
     assert closed == {"type": "websocket.close", "code": 4400}
 
 

@@ -166,7 +166,10 @@ ERROR_CODES: tuple[tuple[str, str], ...] = (
     ("already_decided", "a decision refused: the approval was decided already"),
     ("expired", "a decision refused: the approval expired"),
     ("internal_error", "the command failed unexpectedly (logged for the site)"),
-    ("invalid_after", "sent when connecting with a bad `?after=`, then close 4400"),
+    (
+        "invalid_after",
+        "sent when connecting with a bad `?after=` (or a thread socket's `resume=`), then close 4400",
+    ),
 )
 
 STATUSES = ("queued", "running", "waiting", "interrupted", "completed", "failed", "cancelled")

@@ -4,7 +4,8 @@ Authorization happens in ``connect()``: a user who may not watch is accepted and
 4403, before any group is joined. A ``?after=`` that is not a seq in ASCII digits gets an
 ``invalid_after`` error and a close with 4400. Events replay from the buffer after ``?after=<seq>``,
 then arrive live from the group. A thread socket replays the latest ``THREAD_REPLAY_RUNS`` runs of
-its thread; older runs send live events only.
+its thread, and the runs its client names in ``resume`` (``socket_query.py``), each after the seq
+the client has of it; older runs send live events only.
 
 Delivery: the channel layer is at most once (channels-redis silently drops a group message for a web
 process whose sockets are over the layer's capacity) and the contract is exactly once. Every event is
@@ -30,8 +31,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from typing import Any, TypeGuard
-from urllib.parse import parse_qs
+from collections.abc import Callable
+from typing import Any, TypeGuard, TypeVar
 
 from channels.db import DatabaseSyncToAsync, database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -40,7 +41,6 @@ from django.contrib.auth.models import AnonymousUser
 from .. import api
 from ..conf import conf
 from ..core.nul import has_nul
-from ..core.numbers import ascii_int
 from ..errors import ChamviError
 from ..models import Run, Thread
 from ..policy import policy
@@ -49,6 +49,7 @@ from ..streaming.buffer import MARKER
 from ..streaming.replay import missed_after, replay_after
 from .approvals import decide
 from .errors import ApiError
+from .socket_query import BadQuery, after_of, query_of, resume_of
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ QUIET_MAX_SECONDS = 4.0
 QUIET_WAITING_SECONDS = 30.0
 DROPS_KEY = "chamvi:stream:drops"
 DROPS: Counter[str] = Counter()
+T = TypeVar("T")
 
 
 def _error(code: str, message: str) -> dict[str, Any]:
@@ -102,7 +104,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         after = await self._after()
         if after is None:
             return
-        await self._open(run_group(self.run_id), {self.run_id: after})
+        await self._open(run_group(self.run_id), after)
 
     @property
     def user(self) -> Any:
@@ -112,16 +114,18 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         run = Run.objects.filter(pk=run_id).first()
         return run is not None and bool(policy().can_view(self.user, run))
 
-    async def _after(self) -> int | None:
-        """The seq to replay after (0 when the query names none), or None for a query whose ``after``
-        is not a seq: the client is told, and the socket closed."""
-        values = parse_qs(self.scope.get("query_string", b"").decode("latin-1")).get("after", ["0"])
-        after = ascii_int(values[0])
-        if after is not None:
-            return after
-        await self.send_json(_error("invalid_after", "after must be a seq: a number in ASCII digits"))
-        await self.close(code=BAD_REQUEST)
-        return None
+    async def _after(self) -> dict[str, int] | None:
+        """The seq to replay after of this socket's run, or None for a query whose ``after`` is not a
+        seq: the client is told, and the socket closed."""
+        return await self._query(lambda query: {self.run_id: after_of(query)})
+
+    async def _query(self, read: Callable[[dict[str, list[str]]], T]) -> T | None:
+        try:
+            return read(query_of(self.scope))
+        except BadQuery as exc:
+            await self.send_json(_error("invalid_after", str(exc)))
+            await self.close(code=BAD_REQUEST)
+            return None
 
     async def _open(self, group: str, after: dict[str, int]) -> None:
         """Join ``group``, replay the runs of ``after`` (run id -> seq), then watch for lost events."""
@@ -322,11 +326,12 @@ class ThreadConsumer(RunConsumer):
         if has_nul(self.thread) or not await database_sync_to_async(self._may_watch)():
             await self.close(code=FORBIDDEN)
             return
-        after = await self._after()
-        if after is None:
+        seqs = await self._query(lambda query: (after_of(query), resume_of(query)))
+        if seqs is None:
             return
-        self.visible: dict[str, bool] = await database_sync_to_async(self._visibility)()
-        runs = {run_id: after for run_id, visible in self.visible.items() if visible}
+        after, resume = seqs
+        self.visible: dict[str, bool] = await database_sync_to_async(self._visibility)(resume)
+        runs = {run_id: resume.get(run_id, after) for run_id, visible in self.visible.items() if visible}
         await self._open(thread_group(self.thread), runs)
 
     def _may_watch(self) -> bool:
@@ -338,10 +343,15 @@ class ThreadConsumer(RunConsumer):
             return True
         return bool(policy().can_view_thread(user, thread))
 
-    def _visibility(self) -> dict[str, bool]:
-        """The latest ``THREAD_REPLAY_RUNS`` runs of the thread, oldest first: may the user view each?"""
-        runs = Run.objects.filter(thread=self.thread).order_by("-created_at", "-id")[:THREAD_REPLAY_RUNS]
-        return {run.pk: bool(policy().can_view(self.user, run)) for run in reversed(runs)}
+    def _visibility(self, resume: dict[str, int]) -> dict[str, bool]:
+        """The latest ``THREAD_REPLAY_RUNS`` runs of the thread and those of ``resume`` (a client
+        that shows an older run still going), oldest first: may the user view each?"""
+        of_thread = Run.objects.filter(thread=self.thread)
+        runs = {run.pk: run for run in of_thread.order_by("-created_at", "-id")[:THREAD_REPLAY_RUNS]}
+        if resume:
+            runs.update((run.pk, run) for run in of_thread.filter(pk__in=list(resume)))
+        ordered = sorted(runs.values(), key=lambda run: (run.created_at, run.pk))
+        return {run.pk: bool(policy().can_view(self.user, run)) for run in ordered}
 
     async def chamvi_event(self, message: dict[str, Any]) -> None:
         for event in events_of(message):

@@ -167,6 +167,9 @@ def test_the_example_page_survives_a_killed_socket(page, server):
     run_id = run_of(thread).pk
     page.evaluate(f"{THREAD_SOCKETS}.at(-1).close()")
     page.wait_for_function(f"() => {THREAD_SOCKETS}.length >= 2")
+    # The new socket names the seq the page has of the run, and the server replays what follows it.
+    url = page.evaluate(f"{THREAD_SOCKETS}[1].url")
+    assert f"&resume={run_id}%3A" in url, url
     # Dropped and back while the model was still writing: the words in between came by the replay.
     assert Run.objects.get(pk=run_id).status == "running"
     expect(page.locator("#connection")).to_have_text("open")

@@ -162,9 +162,11 @@ test("scenario 3: a thread socket keeps interleaved runs apart and skips each ru
   first.serverClose(1006);
   await waitFor(() => FakeWebSocket.instances.length === 2, "the reconnect");
   const second = FakeWebSocket.last;
-  assert.equal(second.after, "0", "one after covers every run of the thread: replay all");
+  assert.equal(second.after, "0", "a run the client has not seen yet comes from its start");
+  assert.equal(second.resume, "run_a:4,run_b:3", "each run it has resumes after its own seq");
   second.open();
   const c = shortRun("run_c", "Third.");
+  // As a server of the previous version answers (everything from 0): the client skips what it has.
   second.messages([...both, ...c]);
   assert.deepEqual(runs, ["run_a", "run_b", "run_c"], "the run listener fires once per new run");
   assert.equal(client.state.run("run_a").message(0).text, "First answer.");
@@ -180,6 +182,47 @@ test("scenario 3: a thread socket keeps interleaved runs apart and skips each ru
   await flush();
   assert.equal(second.clientClose, null);
   assert.equal(client.connection, "open");
+  client.close();
+});
+
+test("a thread socket that lost a run's seqs (Redis lost its data) serves the client's seq: the run ends on the page", async () => {
+  const client = connectThread("customer-42", base());
+  const a = shortRun("run_a", "First answer.");
+  const first = FakeWebSocket.last;
+  first.open();
+  first.messages(a.slice(0, 3));  // run.start, step.start, "First "
+  first.serverClose(1006);
+  await waitFor(() => FakeWebSocket.instances.length === 2, "the reconnect");
+  const second = FakeWebSocket.last;
+  assert.equal(second.resume, "run_a:3");
+  second.open();
+  // What the server answers once it no longer knows the run's seqs: the run rebuilt after seq 3.
+  second.messages(numbered("run_a", 4, [
+    {type: "replay.truncated", status: "completed", from_step: 0},
+    {type: "run.start", status: "running"},
+    {type: "step.start", step: 0, attempt: 1},
+    {type: "delta", step: 0, attempt: 1, kind: "text", text: "First answer."},
+    {type: "step.end", step: 0, attempt: 1, finish_reason: "stop"},
+    {type: "run.end", status: "completed", output: "First answer.", error: null,
+      usage: {input_tokens: 5, output_tokens: 5}, inputs: [], decisions: []},
+  ]));
+  const run = client.state.run("run_a");
+  assert.equal(run.status, "completed");
+  assert.deepEqual(transcript(run), ["message 0#1: First answer."]);
+  assert.equal(run.end.output, "First answer.");
+  client.close();
+});
+
+test("a thread client resumes at most its latest 50 runs by seq", async () => {
+  const client = connectThread("customer-42", base());
+  const first = FakeWebSocket.last;
+  first.open();
+  for (let n = 0; n < 60; n++) first.message(shortRun(`run_${n}`, "Hi.")[0]);
+  first.serverClose(1006);
+  await waitFor(() => FakeWebSocket.instances.length === 2, "the reconnect");
+  const resumed = FakeWebSocket.last.resume.split(",");
+  assert.equal(resumed.length, 50);
+  assert.deepEqual([resumed[0], resumed.at(-1)], ["run_10:1", "run_59:1"]);
   client.close();
 });
 
@@ -635,6 +678,63 @@ test("a server that accepts every socket and drops it at once is called again la
   }
   assert.deepEqual(changes.filter((c) => c.status === "reconnecting").map((c) => c.delay), [100, 200, 400, 800]);
   client.close();
+});
+
+test("a thread socket dropped at once after replaying what the client has is called again later each time", async (t) => {
+  t.mock.timers.enable({apis: ["setTimeout"]});
+  const client = connectThread("customer-42", {...base(), backoff: new Backoff({initial: 100, max: 10_000, random: () => 1})});
+  const delays = [];
+  client.on("connection", (change) => { if (change.status === "reconnecting") delays.push(change.delay); });
+  const a = shortRun("run_a", "First answer.");
+  FakeWebSocket.last.open();
+  FakeWebSocket.last.messages(a);
+  for (let n = 0; n < 4; n++) {
+    FakeWebSocket.last.serverClose(1011);
+    t.mock.timers.tick(delays.at(-1));
+    FakeWebSocket.last.open();
+    // Replayed events the client has, and an ack: no progress.
+    FakeWebSocket.last.messages([...a, {type: "ack", action: "input", input_id: "inp_0"}]);
+  }
+  assert.deepEqual(delays, [100, 200, 400, 800]);
+  client.close();
+});
+
+test("a command whose payload is not JSON rejects at once and takes no answer's place", async () => {
+  const {client} = follow();
+  const socket = FakeWebSocket.last;
+  socket.open();
+  const loop = {};
+  loop.self = loop;
+  await assert.rejects(client.input({amount: 10n}), {code: "invalid_message"});
+  await assert.rejects(client.input(loop), {code: "invalid_message"});
+  assert.deepEqual(socket.sent, []);
+  const next = client.input("fine");
+  socket.message({type: "ack", action: "input", input_id: "inp_7"});
+  assert.deepEqual(await next, {type: "ack", action: "input", input_id: "inp_7"});
+  client.close();
+});
+
+test("after run.end, a command that timed out keeps its place: its late answer goes to nobody else", async (t) => {
+  t.mock.timers.enable({apis: ["setTimeout"]});
+  const {client} = follow({commandTimeout: 1000});
+  const socket = FakeWebSocket.last;
+  socket.open();
+  socket.messages(bySeq(1, 8));
+  const input = outcome(client.input("one more thing"));
+  t.mock.timers.tick(500);
+  const cancel = outcome(client.cancel());
+  socket.message(CANCEL_END);
+  t.mock.timers.tick(500);
+  await input.promise;
+  assert.equal(input.error.code, "timeout");
+  socket.message({type: "ack", action: "input", input_id: "inp_1"});  // the late answer to input
+  await flush();
+  assert.equal(cancel.done, false, "the input's late answer is not the cancel's");
+  socket.message({type: "ack", action: "cancel", status: "cancelled"});
+  await cancel.promise;
+  assert.deepEqual(cancel.value, {type: "ack", action: "cancel", status: "cancelled"});
+  await flush();
+  assert.equal(socket.clientClose, 1000, "nothing waits any more: the settled run's socket is closed");
 });
 
 /** The timers set from here on and not yet fired or cleared. */

@@ -35,6 +35,11 @@ export class FakeWebSocket {
     return new URL(this.url).searchParams.get("after");
   }
 
+  /** A thread client's `resume` (run_id:seq,…), or null. */
+  get resume() {
+    return new URL(this.url).searchParams.get("resume");
+  }
+
   send(data) {
     // A browser throws on a socket that is not open yet: a client that sends early must fail here.
     if (this.readyState !== FakeWebSocket.OPEN) throw new Error(`send() on a socket in state ${this.readyState}`);

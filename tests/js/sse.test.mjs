@@ -412,3 +412,14 @@ test("decideApproval decides over HTTP with the notifier's token, and rejects a 
   await assert.rejects(decideApproval("apr_1", "maybe", {fetch}), {code: "invalid_message"});
   assert.equal(fetch.posts.length, 2);
 });
+
+test("decideApproval gives up after commandTimeout: the request is aborted and rejects with timeout", async () => {
+  let signal = null;
+  // A server that never answers: only the abort ends the request, as in a browser.
+  const fetch = (url, init) => new Promise((resolve, reject) => {
+    signal = init.signal;
+    signal.addEventListener("abort", () => reject(new DOMException("The operation was aborted.", "AbortError")));
+  });
+  await assert.rejects(decideApproval("apr_1", "approve", {fetch, commandTimeout: 20, csrfToken: ""}), {code: "timeout"});
+  assert.equal(signal.aborted, true);
+});

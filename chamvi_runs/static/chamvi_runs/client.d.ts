@@ -306,8 +306,8 @@ export interface ClientOptions {
       opened before any did), "websocket" or "sse". */
   transport?: "auto" | Transport | undefined;
   /** A run client's seq already shown: events up to it are skipped (0). A thread client has no
-      `after`: its socket replays the thread's latest runs from their start, each with its own seqs,
-      and the client skips, run by run, what it has. */
+      `after`: its socket replays the thread's latest runs from their start, each with its own seqs;
+      on a reconnect the client names the seq it has of each run. */
   after?: number | undefined;
   /** Extra headers of HTTP requests (Server-Sent Events and commands over HTTP). */
   headers?: Record<string, string> | undefined;
@@ -380,6 +380,8 @@ export interface DecideOptions {
   base?: string | undefined;
   headers?: Record<string, string> | undefined;
   csrfToken?: string | (() => string) | undefined;
+  /** ms the request may take before it is aborted and the promise rejects with `timeout` (15000). */
+  commandTimeout?: number | undefined;
   fetch?: typeof fetch | undefined;
 }
 

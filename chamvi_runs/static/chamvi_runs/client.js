@@ -32,6 +32,8 @@ const SOCKET_FAILURES_BEFORE_SSE = 3;
 // ms a connection must stay open before the reconnect delay starts over: a server that accepts and
 // drops at once is not called again at the shortest delay, a run quietly waiting for an approval is.
 const STEADY_AFTER = 5000;
+// A thread client resumes at most its latest runs by seq (the server replays a thread's latest 50).
+const RESUME_RUNS = 50;
 
 /** A refusal or failure of a command, or of the connection: `code` is one of the server's stable
     error codes, or `connection_lost`, `timeout`, `closed`, `unsupported` from the client itself.
@@ -314,7 +316,11 @@ class Connection {
   socketUrl() {
     const {location, socketBase} = this.options;
     const scheme = location.protocol === "https:" ? "wss" : "ws";
-    return `${scheme}://${location.host}${socketBase}${this.socketPath()}?after=${this.after()}`;
+    return `${scheme}://${location.host}${socketBase}${this.socketPath()}?${this.socketQuery()}`;
+  }
+
+  socketQuery() {
+    return `after=${this.after()}`;
   }
 
   openSocket() {
@@ -332,7 +338,6 @@ class Connection {
       for (const command of this.outbox.splice(0)) this.transmit(command);
     };
     socket.onmessage = (message) => {
-      this.options.backoff.reset();
       let data;
       try {
         data = JSON.parse(message.data);
@@ -340,7 +345,8 @@ class Connection {
         return;
       }
       if (data.type === "ack" || data.type === "error") this.reply(data);
-      else this.receive(data);
+      // Only progress starts the delays over: acks and a replay of what the client has are not.
+      else if (this.receive(data)) this.options.backoff.reset();
     };
     socket.onclose = (close) => {
       if (this.socket !== socket) return;
@@ -376,7 +382,7 @@ class Connection {
 
   transmit(command) {
     this.pending.push(command);
-    this.socket.send(JSON.stringify(command.message));
+    this.socket.send(command.text);
   }
 
   reply(data) {
@@ -415,8 +421,7 @@ class Connection {
     try {
       await readEvents(response.body, (data) => {
         if (!this.following(controller)) return false;
-        this.options.backoff.reset();
-        this.receive(data);
+        if (this.receive(data)) this.options.backoff.reset();
         return true;
       });
     } catch {
@@ -512,9 +517,16 @@ class Connection {
       websocket, a command waits for the socket to open; over SSE it is an HTTP request. */
   command(message, http) {
     return new Promise((resolve, reject) => {
-      const command = {message, http, resolve, reject, timer: null};
+      const command = {message, http, resolve, reject, timer: null, text: null};
       if (this.closed) {
         reject(this.closedError());
+        return;
+      }
+      try {
+        // Now, not when it is sent: a payload with a BigInt or a cycle must not take an answer's slot.
+        command.text = JSON.stringify(message);
+      } catch (error) {
+        reject(new ChamviError("invalid_message", `the command cannot be sent as JSON: ${error.message}`));
         return;
       }
       if (this.transport === "sse") {
@@ -534,13 +546,12 @@ class Connection {
     clearTimeout(command.timer);
     const index = this.pending.indexOf(command);
     if (index >= 0 && error && error.code === "timeout") {
-      if (this.closed) {
-        // The run has ended and the socket stayed only for the answers: no later one will use it.
-        this.pending.splice(index, 1);
-        if (this.pending.length === 0) this.shutdown();
-      } else {
-        // A late answer must still go to the command it answers: keep the slot, drop the promise.
-        this.pending[index] = {message: command.message, resolve() {}, reject() {}, timer: null};
+      // A late answer must still go to the command it answers: keep the slot, drop the promise.
+      this.pending[index] = {message: command.message, resolve() {}, reject() {}, timer: null, abandoned: true};
+      if (this.closed && this.pending.every((c) => c.abandoned)) {
+        // The run has ended and the socket stayed for answers that nobody waits for any more.
+        this.pending = [];
+        this.shutdown();
       }
     }
     if (error) command.reject(error);
@@ -619,13 +630,24 @@ async function postJson({base, fetch, headers, csrfToken}, path, body, signal = 
 
 /** Decides an approval over the HTTP API, without a socket: `decision` is "approve" or "deny".
     With `token` (the notifier's link) no session is needed. Resolves with the wait point's JSON;
-    rejects with a ChamviError (`already_decided` 409, `expired` 410, `not_found`, `forbidden`). */
+    rejects with a ChamviError (`already_decided` 409, `expired` 410, `not_found`, `forbidden`), or
+    `timeout` after `commandTimeout` ms, when the request is aborted (the decision may have been
+    recorded: deciding again is refused with `already_decided`). */
 export function decideApproval(approvalId, decision, {reason = "", token = null, ...options} = {}) {
   if (decision !== "approve" && decision !== "deny") {
     return Promise.reject(new ChamviError("invalid_message", `decision is "approve" or "deny", not ${decision}`));
   }
   const body = {...(reason ? {reason} : {}), ...(token ? {token} : {})};
-  return postJson(defaults(options), `api/approvals/${encodeURIComponent(approvalId)}/${decision}/`, body);
+  const settings = defaults(options);
+  const request = new AbortController();
+  const timer = setTimeout(() => request.abort(), settings.commandTimeout);
+  const path = `api/approvals/${encodeURIComponent(approvalId)}/${decision}/`;
+  return postJson(settings, path, body, request.signal)
+    .catch((error) => {
+      if (request.signal.aborted) throw new ChamviError("timeout", "the server did not answer in time");
+      throw error;
+    })
+    .finally(() => clearTimeout(timer));
 }
 
 /** Parses a Server-Sent Events body, calling `onEvent` with each event's JSON data until it returns
@@ -678,12 +700,14 @@ export class RunClient extends Connection {
     return this.state.ended;
   }
 
+  /** Takes `event` if it is new; returns whether it did. */
   receive(event) {
-    if (event.run_id !== this.runId || !this.state.apply(event)) return;
+    if (event.run_id !== this.runId || !this.state.apply(event)) return false;
     this.emit("event", event, this.state);
     this.emit(event.type, event, this.state);
     this.emit("change", this.state);
     if (event.type === "run.end") this.finish();
+    return true;
   }
 
   /** Steers the run: resolves with `{action: "input", input_id}`. */
@@ -727,9 +751,16 @@ export class ThreadClient extends Connection {
   }
 
   after() {
-    // One `after` covers every run of the socket: replay them all and skip, run by run, what was
-    // taken (RunState.apply skips a seen seq).
     return 0;
+  }
+
+  socketQuery() {
+    // Each run's own seq: one `after` cannot say it. A server that lost a run's seqs (Redis lost its
+    // data) numbers the run after the seq the client has, opened by replay.truncated; asked from 0,
+    // it would number the run from 1 again, and the client would skip it up to the seq it has.
+    const shown = [...this.state.runs.values()].filter((run) => run.last_seq > 0).slice(-RESUME_RUNS);
+    const resume = shown.map((run) => `${run.run_id}:${run.last_seq}`).join(",");
+    return resume ? `after=0&resume=${encodeURIComponent(resume)}` : "after=0";
   }
 
   done() {
@@ -739,11 +770,12 @@ export class ThreadClient extends Connection {
   receive(event) {
     const known = this.state.runs.has(event.run_id);
     const state = this.state.apply(event);
-    if (!state) return;
+    if (!state) return false;
     if (!known) this.emit("run", state);
     this.emit("event", event, state);
     this.emit(event.type, event, state);
     this.emit("change", state);
+    return true;
   }
 
   input(runId, payload) {
