@@ -111,23 +111,27 @@ def test_a_thread_socket_replays_only_the_latest_runs_of_a_long_thread():
 # --- bad input ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("after", ["%C2%B2", "%D9%A3", "-1", "1e3", "3.0", "%EF%BC%93"])
-def test_an_after_that_is_not_ascii_digits_is_a_clear_error_and_a_4400_close(server, after):
-    owner = make_user("owner")
-    run = start_run("basic", "go", created_by=owner)
-    ChannelsBroadcaster(None).publish(run.pk, {"type": "probe"})
-    ChannelsBroadcaster(None).flush()
-    headers = headers_for(owner)
+def refusal(path: str, headers: list[tuple[bytes, bytes]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What a socket connecting to ``path`` gets: its first message, and then the close."""
 
     async def scenario():
-        comm = socket(f"/ws/chamvi/runs/{run.pk}/?after={after}", headers)
+        comm = socket(path, headers)
         assert (await comm.connect())[0]
         first = await comm.receive_json_from(timeout=5)
         closed = await comm.receive_output(timeout=5)
         await comm.disconnect()
         return first, closed
 
-    first, closed = async_to_sync(scenario)()
+    return async_to_sync(scenario)()
+
+
+@pytest.mark.parametrize("after", ["%C2%B2", "%D9%A3", "-1", "1e3", "3.0", "%EF%BC%93"])
+def test_an_after_that_is_not_ascii_digits_is_a_clear_error_and_a_4400_close(server, after):
+    owner = make_user("owner")
+    run = start_run("basic", "go", created_by=owner)
+    ChannelsBroadcaster(None).publish(run.pk, {"type": "probe"})
+    ChannelsBroadcaster(None).flush()
+    first, closed = refusal(f"/ws/chamvi/runs/{run.pk}/?after={after}", headers_for(owner))
     assert first["type"] == "error" and first["code"] == "invalid_after"
     assert "invalid_after" in dict(vocabulary.ERROR_CODES)  # what the client's declarations know
     assert closed == {"type": "websocket.close", "code": 4400}
@@ -149,17 +153,7 @@ def test_an_after_that_is_not_ascii_digits_is_a_clear_error_and_a_4400_close(ser
 def test_a_thread_socket_refuses_a_resume_that_is_not_run_id_seq_pairs_with_4400(resume):
     owner = make_user("owner")
     start_run("basic", "go", created_by=owner, thread="t-bad")
-    headers = headers_for(owner)
-
-    async def scenario():
-        comm = socket(f"/ws/chamvi/threads/t-bad/?after=0&resume={resume}", headers)
-        assert (await comm.connect())[0]
-        first = await comm.receive_json_from(timeout=5)
-        closed = await comm.receive_output(timeout=5)
-        await comm.disconnect()
-        return first, closed
-
-    first, closed = async_to_sync(scenario)()
+    first, closed = refusal(f"/ws/chamvi/threads/t-bad/?after=0&resume={resume}", headers_for(owner))
     assert first["type"] == "error" and first["code"] == "invalid_after" and "resume" in first["message"]
     assert closed == {"type": "websocket.close", "code": 4400}
 
