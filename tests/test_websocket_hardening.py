@@ -82,8 +82,8 @@ def test_a_thread_socket_replays_only_the_latest_runs_of_a_long_thread():
     assert publisher.flush()
     headers = headers_for(owner)
 
-    async def scenario():
-        comm = socket("/ws/chamvi/threads/long/?after=0", headers)
+    async def replay(query: str) -> list[dict[str, Any]]:
+        comm = socket(f"/ws/chamvi/threads/long/?{query}", headers)
         assert (await comm.connect())[0]
         replayed = []
         while not await comm.receive_nothing(timeout=0.5):
@@ -91,20 +91,10 @@ def test_a_thread_socket_replays_only_the_latest_runs_of_a_long_thread():
         await comm.disconnect()
         return replayed
 
-    replayed = async_to_sync(scenario)()
+    replayed = async_to_sync(replay)("after=0")
     assert [e["run_id"] for e in replayed] == [run.pk for run in runs[-50:]]
-
-    async def resumed():
-        # A page that still shows the oldest run names it, and gets it too (first: it is the oldest).
-        comm = socket(f"/ws/chamvi/threads/long/?after=0&resume={runs[0].pk}:0", headers)
-        assert (await comm.connect())[0]
-        replayed = []
-        while not await comm.receive_nothing(timeout=0.5):
-            replayed.append(await comm.receive_json_from())
-        await comm.disconnect()
-        return replayed
-
-    replayed = async_to_sync(resumed)()
+    # A page that still shows the oldest run names it, and gets it too (first: it is the oldest).
+    replayed = async_to_sync(replay)(f"after=0&resume={runs[0].pk}:0")
     assert [e["run_id"] for e in replayed] == [runs[0].pk] + [run.pk for run in runs[-50:]]
 
 
