@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 from typing import Any
+from unittest import mock
 
 from django.conf import settings
 from django.contrib.admin.utils import quote
@@ -17,7 +18,7 @@ from django.utils.crypto import get_random_string
 
 from chamvi_runs.models import Run
 from chamvi_runs.runtime import engine
-from chamvi_runs.streaming.broadcast import event_log
+from chamvi_runs.streaming.broadcast import ChannelsBroadcaster, event_log
 
 
 def execute(run: Run | str) -> Run:
@@ -25,6 +26,19 @@ def execute(run: Run | str) -> Run:
     run_id = run if isinstance(run, str) else run.pk
     engine.execute(run_id)
     return Run.objects.get(pk=run_id)
+
+
+def execute_losing_run_end(run: Run | str) -> Run:
+    """``execute``, as if the process died (or Redis refused the batch) between the settle's commit
+    and the buffer's append of run.end: every other event is buffered and sent, run.end is not."""
+    publish = ChannelsBroadcaster.publish
+
+    def all_but_run_end(self: ChannelsBroadcaster, run_id: str, event: dict[str, Any]) -> None:
+        if event.get("type") != "run.end":
+            publish(self, run_id, event)
+
+    with mock.patch.object(ChannelsBroadcaster, "publish", all_but_run_end):
+        return execute(run)
 
 
 def events(run: Run | str) -> list[dict[str, Any]]:

@@ -190,3 +190,18 @@ def test_a_redis_that_lost_the_scripts_gets_them_again_and_records_each_event_on
     assert seqs(append(log, step(1))) == [3, 4]
     assert seqs(log.after(RUN, 0)) == [1, 2, 3, 4]
     connection.delete(*RedisEventLog._keys(RUN))
+
+
+def test_a_lost_run_end_is_appended_once_with_the_next_seq_and_never_to_nothing(log):
+    end = {"type": "run.end", "run_id": RUN, "status": "completed", "output": {"type": "x"}, "inputs": []}
+    # Nothing held (expired, or Redis lost it): a replay rebuilds the run, its end included.
+    assert log.end(RUN, end) is None
+    assert log.window(RUN, 0) == (0, [])
+    # A tool's output that looks like a run.end is not one.
+    tool = {"type": "tool.result", "run_id": RUN, "step": 1, "output": {"type": "run.end"}}
+    append(log, [*step(0), tool])
+    stored = log.end(RUN, end)
+    assert stored == {**end, "seq": 4}
+    # Whoever asks next (another socket, another web process) finds it there.
+    assert log.end(RUN, end) is None
+    assert log.window(RUN, 2) == (4, [tool | {"seq": 3}, stored])

@@ -13,7 +13,7 @@ from chamvi_runs import start_run
 from chamvi_runs.models import Run, Step
 from chamvi_runs.streaming.broadcast import ChannelsBroadcaster, event_log
 from chamvi_runs.web import views_stream
-from tests.helpers import events, execute, logged_in, make_user
+from tests.helpers import events, execute, execute_losing_run_end, logged_in, make_user
 from tests.scripted_server import Reply, delay, finish, text, tool_call
 from tests.sse_helpers import Stream
 from tests.sse_helpers import body as _body
@@ -30,6 +30,19 @@ def test_stream_of_a_finished_run_replays_every_event_once(server, root_client):
     streamed = _parse(_body(response))
     assert streamed == events(run)
     assert streamed[-1]["type"] == "run.end"
+
+
+def test_a_stream_of_a_run_whose_end_never_reached_the_buffer_ends_with_it(server, root_client):
+    server.script("m-basic", [Reply(text("Hel"), text("lo"), finish("stop"))])
+    run = execute_losing_run_end(start_run("basic", "x", created_by=root_client.user))
+    held = events(run)
+    assert run.status == "completed" and held[-1]["type"] != "run.end"
+    # The stream waits its grace for the end in flight, then stores it, sends it and ends: an
+    # EventSource would otherwise reconnect to the same silence for good.
+    streamed = _parse(_body(root_client.get(f"/chamvi/api/runs/{run.pk}/stream/?after=1")))
+    assert [e["seq"] for e in streamed] == list(range(2, len(held) + 2))
+    assert streamed[-1]["type"] == "run.end" and streamed[-1]["output"] == "Hello"
+    assert events(run) == [*held, streamed[-1]]
 
 
 def test_stream_resumes_after_a_seq(server, root_client):

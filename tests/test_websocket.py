@@ -14,7 +14,8 @@ from chamvi_runs import start_run
 from chamvi_runs.models import Run, RunInput, Step, WaitPoint
 from chamvi_runs.routing import websocket_application
 from chamvi_runs.streaming.broadcast import ChannelsBroadcaster
-from tests.helpers import events, execute, make_superuser, make_user, session_cookie
+from chamvi_runs.web import consumers
+from tests.helpers import events, execute, execute_losing_run_end, make_superuser, make_user, session_cookie
 from tests.scripted_server import Reply, delay, finish, reasoning, text, tool_call
 from tests.testapp.models import Refund
 
@@ -393,6 +394,41 @@ def test_a_thread_socket_whose_run_lost_its_seqs_serves_a_resuming_client_up_to_
     assert received[-1]["type"] == "run.end" and received[-1]["output"] == stream[-1]["output"]
     text = "".join(e["text"] for e in received if e["type"] == "delta" and e["kind"] == "text")
     assert text == "Hello!"
+
+
+@pytest.mark.parametrize("watch", ["run", "thread"])
+def test_a_socket_gets_the_run_end_that_never_reached_the_buffer(server, monkeypatch, watch):
+    owner = make_user("owner")
+    server.script("m-basic", [Reply(text("Hel"), text("lo"), finish("stop"))])
+    run = execute_losing_run_end(start_run("basic", "go", created_by=owner, thread="t-end"))
+    assert run.status == "completed" and "run.end" not in [e["type"] for e in events(run)]
+    # A minute of quiet (shortened here) makes a socket ask the database whether its runs settled.
+    monkeypatch.setattr(consumers, "STATUS_SECONDS", 0.5)
+    monkeypatch.setattr(consumers, "SETTLE_GRACE_SECONDS", 0)
+    path = run_path(run) if watch == "run" else "/ws/chamvi/threads/t-end/"
+    headers = headers_for(owner)
+
+    async def scenario():
+        comm = socket(path, headers)
+        assert (await comm.connect())[0]
+        received = await receive_until_end(comm)
+        await comm.disconnect()
+        return received
+
+    received = async_to_sync(scenario)()
+    assert_gapless(received)
+    assert received == events(run)
+    assert received[-1] | {"seq": 0} == {
+        "type": "run.end",
+        "run_id": run.pk,
+        "seq": 0,
+        "status": "completed",
+        "output": "Hello",
+        "error": None,
+        "usage": {"input_tokens": run.input_tokens, "output_tokens": run.output_tokens},
+        "inputs": [],
+        "decisions": [],
+    }
 
 
 def test_a_thread_socket_does_not_leak_runs_another_user_starts_in_the_thread(server):

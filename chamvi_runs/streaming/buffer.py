@@ -168,6 +168,14 @@ class MemoryEventLog:
         held.expires = self.clock() + buffer_ttl(event)
         return event
 
+    def end(self, run_id: str, event: dict[str, Any]) -> dict[str, Any] | None:
+        """As ``RedisEventLog.end``."""
+        with self._lock:
+            held = self._live(run_id)
+            if held is None or not held.events or held.events[-1].get("type") == "run.end":
+                return None
+            return self._append(run_id, event)
+
     def _top(self, run_id: str, held: _Held | None) -> int:
         return max(self._seq.get(run_id, 0), held.events[-1]["seq"] if held and held.events else 0)
 
@@ -222,8 +230,14 @@ class RedisEventLog:
     among concurrent appends."""
 
     # The seq is spliced into the JSON text: cjson would turn empty lists into objects. An events key
-    # of the old layout (a list) is replaced.
+    # of the old layout (a list) is replaced. ARGV[7] '1': only after held events, the last of which
+    # is not a run.end (``end``).
     APPEND = """
+    if ARGV[7] == '1' then
+      if redis.call('TYPE', KEYS[2]).ok ~= 'zset' then return false end
+      local last = redis.call('ZRANGE', KEYS[2], -1, -1)[1]
+      if cjson.decode(last).type == 'run.end' then return false end
+    end
     local covers = redis.call('HMGET', KEYS[3], 'step', 'waiting')
     if covers[1] then
       local step, token = tonumber(ARGV[5]), ARGV[6]
@@ -364,6 +378,16 @@ class RedisEventLog:
                     raise
                 self.connection.script_load(self.APPEND)
         return [json.loads(encoded) if encoded else None for encoded in results]
+
+    def end(self, run_id: str, event: dict[str, Any]) -> dict[str, Any] | None:
+        """Append ``event``, a settled run's ``run.end``, unless the buffer ends with one already or
+        holds nothing (a replay then rebuilds the run, its end included); the event as stored, or
+        None. For a run.end the settling process never stored (it died, or Redis refused the batch,
+        between its commit and the append): without it a page would show the run running for good."""
+        ttl = buffer_ttl(event)
+        args = [json.dumps(event), ttl, max(ttl, SEQ_TTL), BUFFER_EVENTS, -1, "", "1"]
+        encoded = self._append(keys=self._keys(run_id), args=args)
+        return json.loads(encoded) if encoded else None
 
     def window(self, run_id: str, after: int) -> Window:
         top, complete, held = self._window(keys=self._keys(run_id), args=[after])

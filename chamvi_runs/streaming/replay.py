@@ -36,11 +36,14 @@ one delta); of a step in flight longer than the cap, only the events still held 
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from datetime import timedelta
 from typing import Any
 
 from ..core.states import TERMINAL, Status
 from ..models import Run, Step, WaitPoint
 from ..store import queries
+from ..store.fence import db_now_plus
 from .buffer import BUFFER_EVENTS, MARKER, MAX_SEQ, Rebuild, buffer_ttl, event_log, region
 from .serializers import decision_json, run_end_event
 
@@ -83,6 +86,24 @@ def missed_after(run_id: str, after: int) -> list[dict[str, Any]]:
     if window.events is None or window.top < after <= MAX_SEQ:
         return replay_after(run_id, after)
     return window.events
+
+
+def end_lost(run_ids: Collection[str], grace: float) -> None:
+    """Give each of these runs that has been settled ``grace`` seconds (its end would have arrived
+    by then) a ``run.end`` in the buffer if the buffer has none: the settling process died, or Redis
+    refused the batch, between its commit and the append. ``EventLog.end`` appends it once, whoever
+    asks, with the run's next seq; a stream then reads it like any event the layer did not deliver."""
+    # By the database's clock, which stamped finished_at.
+    settled_before = db_now_plus(timedelta(seconds=-grace))
+    runs = Run.objects.filter(pk__in=list(run_ids), status__in=TERMINAL, finished_at__lte=settled_before)
+    for run in runs:
+        event_log().end(run.pk, {**run_end_event(run), "run_id": run.pk})
+
+
+def settled_after(run_id: str, after: int, grace: float) -> list[dict[str, Any]]:
+    """``missed_after`` for a stream whose run has settled: its ``run.end`` included (``end_lost``)."""
+    end_lost([run_id], grace)
+    return missed_after(run_id, after)
 
 
 def events_from_steps(run: Run) -> list[dict[str, Any]]:

@@ -14,10 +14,13 @@ repairs what the layer lost: a live event after a gap makes it send the missing 
 buffer first (``gap``), and a stream that stays quiet while its run is active makes it read the
 buffer's tail (``late``: the lost event may be the last one, ``run.end``): after ``QUIET_SECONDS``,
 then less and less often, every ``QUIET_MAX_SECONDS`` at the least (``QUIET_WAITING_SECONDS`` while
-every run it follows waits for approval). A socket sends each run's events in seq order and skips
-what it has already sent. Every repair is logged (a warning) and counted: ``DROPS`` in this
-process, and the hash ``chamvi:stream:drops`` in the queue's Redis for every web process
-(``redis-cli HGETALL chamvi:stream:drops``): ``gap`` and ``late`` count events sent from the buffer,
+every run it follows waits for approval). After ``STATUS_SECONDS`` of quiet it also asks the
+database whether its active runs settled: a ``run.end`` that never reached the buffer (the settling
+process died, or Redis refused the batch) is stored then (``replay.end_lost``) and sent like any
+late event. A socket sends each run's events in seq order and skips what it has already sent.
+Every repair is logged (a warning) and counted: ``DROPS`` in this process, and the hash
+``chamvi:stream:drops`` in the queue's Redis for every web process (``redis-cli HGETALL
+chamvi:stream:drops``): ``gap`` and ``late`` count events sent from the buffer,
 ``rebuilt`` the times the buffer no longer held them and the run was rebuilt from its stored steps
 (``replay.py``), ``unrepaired`` events that were neither.
 
@@ -46,7 +49,7 @@ from ..models import Run, Thread
 from ..policy import policy
 from ..streaming.broadcast import events_of, run_group, thread_group
 from ..streaming.buffer import MARKER
-from ..streaming.replay import missed_after, replay_after
+from ..streaming.replay import end_lost, missed_after, replay_after
 from .approvals import decide
 from .errors import ApiError
 from .socket_query import BadQuery, after_of, query_of, resume_of
@@ -61,6 +64,10 @@ THREAD_REPLAY_RUNS = 50
 QUIET_SECONDS = 1.0
 QUIET_MAX_SECONDS = 4.0
 QUIET_WAITING_SECONDS = 30.0
+# How often a quiet socket asks the database whether its active runs settled, and how long after a
+# settle their run.end may still be on its way.
+STATUS_SECONDS = 60.0
+SETTLE_GRACE_SECONDS = 2.0
 DROPS_KEY = "chamvi:stream:drops"
 DROPS: Counter[str] = Counter()
 T = TypeVar("T")
@@ -142,7 +149,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             for event in await _in_thread(replay_after)(run_id, self.last_seq[run_id]):
                 await self._send_event(event)
         self.quiet = QUIET_SECONDS
-        self.heard = asyncio.get_running_loop().time()
+        self.heard = self.checked = asyncio.get_running_loop().time()
         self.watchdog = asyncio.ensure_future(self._watch())
 
     async def disconnect(self, code: int) -> None:
@@ -226,6 +233,10 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             async with self.lock:
                 found = 0
                 try:
+                    if self.active and loop.time() >= self.checked + STATUS_SECONDS:
+                        # A run.end may never have reached the buffer: the repair below reads it.
+                        self.checked = loop.time()
+                        await _in_thread(end_lost)(sorted(self.active), SETTLE_GRACE_SECONDS)
                     for run_id in sorted(self.active):
                         found += await self._repair(run_id)
                 except Exception:  # a Redis or database hiccup: try again at the next quiet time

@@ -36,7 +36,7 @@ from ..core.numbers import ascii_int
 from ..core.states import TERMINAL
 from ..models import Run
 from ..streaming.broadcast import events_of, publisher, run_group
-from ..streaming.replay import missed_after, replay_after
+from ..streaming.replay import missed_after, replay_after, settled_after
 from .errors import ApiError
 from .views_api import _run_for, api_view
 
@@ -218,8 +218,10 @@ async def _events(run_id: str, after: int) -> AsyncIterator[str]:
                 spoke = now
             elif settled_at is not None and now >= settled_at + SETTLE_GRACE_SECONDS:
                 # The settling process publishes run.end just after its commit; past this grace the
-                # buffer has none (the run settled elsewhere and its end was lost, or it is gone).
-                for frame in sent.frames(await _briefly(replay_after, run_id, sent.last)):
+                # buffer has none (the process died or Redis refused it, or the run is gone): it
+                # gets one now, and the client its end.
+                ended = await _briefly(settled_after, run_id, sent.last, SETTLE_GRACE_SECONDS)
+                for frame in sent.frames(ended):
                     yield frame
                 return
             elif now >= spoke + KEEPALIVE_SECONDS:
