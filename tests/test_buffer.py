@@ -193,15 +193,29 @@ def test_a_redis_that_lost_the_scripts_gets_them_again_and_records_each_event_on
 
 
 def test_a_lost_run_end_is_appended_once_with_the_next_seq_and_never_to_nothing(log):
-    end = {"type": "run.end", "run_id": RUN, "status": "completed", "output": {"type": "x"}, "inputs": []}
+    end = {"type": "run.end", "run_id": RUN, "status": "completed", "output": "x", "inputs": []}
     # Nothing held (expired, or Redis lost it): a replay rebuilds the run, its end included.
+    assert log.lacking_end([RUN]) == []
     assert log.end(RUN, end) is None
     assert log.window(RUN, 0) == (0, [])
     # A tool's output that looks like a run.end is not one.
     tool = {"type": "tool.result", "run_id": RUN, "step": 1, "output": {"type": "run.end"}}
     append(log, [*step(0), tool])
+    assert log.lacking_end([RUN, "run_other"]) == [RUN]
     stored = log.end(RUN, end)
     assert stored == {**end, "seq": 4}
-    # Whoever asks next (another socket, another web process) finds it there.
+    # Whoever asks next (another socket, another web process) finds it there; and the settling
+    # process, should it store its own after all, is refused: one run.end per run.
+    assert log.lacking_end([RUN]) == []
     assert log.end(RUN, end) is None
+    assert append(log, [end]) == [None]
     assert log.window(RUN, 2) == (4, [tool | {"seq": 3}, stored])
+
+
+def test_a_run_end_follows_an_event_that_redis_lua_cannot_decode(log):
+    # Python writes a lone surrogate (a filename's undecodable byte) as JSON that cjson refuses.
+    odd = {"type": "tool.result", "run_id": RUN, "step": 1, "output": "caf\udcff"}
+    end = {"type": "run.end", "run_id": RUN, "status": "completed", "output": "x", "inputs": []}
+    append(log, [*step(0), odd])
+    assert log.lacking_end([RUN]) == [RUN]
+    assert log.end(RUN, end) == {**end, "seq": 4}

@@ -11,6 +11,7 @@ from django.test import Client
 
 from chamvi_runs import start_run
 from chamvi_runs.models import Run, Step
+from chamvi_runs.streaming import replay
 from chamvi_runs.streaming.broadcast import ChannelsBroadcaster, event_log
 from chamvi_runs.web import views_stream
 from tests.helpers import events, execute, execute_losing_run_end, logged_in, make_user
@@ -32,7 +33,8 @@ def test_stream_of_a_finished_run_replays_every_event_once(server, root_client):
     assert streamed[-1]["type"] == "run.end"
 
 
-def test_a_stream_of_a_run_whose_end_never_reached_the_buffer_ends_with_it(server, root_client):
+def test_a_stream_of_a_run_whose_end_never_reached_the_buffer_ends_with_it(server, root_client, monkeypatch):
+    monkeypatch.setattr(replay, "END_GRACE_SECONDS", 0)
     server.script("m-basic", [Reply(text("Hel"), text("lo"), finish("stop"))])
     run = execute_losing_run_end(start_run("basic", "x", created_by=root_client.user))
     held = events(run)

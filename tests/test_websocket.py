@@ -13,6 +13,7 @@ from django.db import close_old_connections, connection
 from chamvi_runs import start_run
 from chamvi_runs.models import Run, RunInput, Step, WaitPoint
 from chamvi_runs.routing import websocket_application
+from chamvi_runs.streaming import replay
 from chamvi_runs.streaming.broadcast import ChannelsBroadcaster
 from chamvi_runs.web import consumers
 from tests.helpers import events, execute, execute_losing_run_end, make_superuser, make_user, session_cookie
@@ -396,29 +397,16 @@ def test_a_thread_socket_whose_run_lost_its_seqs_serves_a_resuming_client_up_to_
     assert text == "Hello!"
 
 
-@pytest.mark.parametrize("watch", ["run", "thread"])
-def test_a_socket_gets_the_run_end_that_never_reached_the_buffer(server, monkeypatch, watch):
-    owner = make_user("owner")
-    server.script("m-basic", [Reply(text("Hel"), text("lo"), finish("stop"))])
-    run = execute_losing_run_end(start_run("basic", "go", created_by=owner, thread="t-end"))
-    assert run.status == "completed" and "run.end" not in [e["type"] for e in events(run)]
-    # A minute of quiet (shortened here) makes a socket ask the database whether its runs settled.
-    monkeypatch.setattr(consumers, "STATUS_SECONDS", 0.5)
-    monkeypatch.setattr(consumers, "SETTLE_GRACE_SECONDS", 0)
-    path = run_path(run) if watch == "run" else "/ws/chamvi/threads/t-end/"
-    headers = headers_for(owner)
+def _execute_losing_run_end(run_id: str) -> Run:
+    try:
+        return execute_losing_run_end(run_id)
+    finally:
+        close_old_connections()
+        connection.close()
 
-    async def scenario():
-        comm = socket(path, headers)
-        assert (await comm.connect())[0]
-        received = await receive_until_end(comm)
-        await comm.disconnect()
-        return received
 
-    received = async_to_sync(scenario)()
-    assert_gapless(received)
-    assert received == events(run)
-    assert received[-1] | {"seq": 0} == {
+def assert_run_end(event: dict[str, Any], run: Run) -> None:
+    assert event | {"seq": 0} == {
         "type": "run.end",
         "run_id": run.pk,
         "seq": 0,
@@ -429,6 +417,82 @@ def test_a_socket_gets_the_run_end_that_never_reached_the_buffer(server, monkeyp
         "inputs": [],
         "decisions": [],
     }
+
+
+@pytest.mark.parametrize("watch", ["run", "thread"])
+def test_a_socket_watching_a_run_gets_the_run_end_that_never_reached_the_buffer(server, monkeypatch, watch):
+    owner = make_user("owner")
+    server.script("m-basic", [Reply(text("Hel"), text("lo"), finish("stop"))])
+    run = start_run("basic", "go", created_by=owner, thread="t-end")
+    # A minute of quiet, and the time a run.end may be on its way (both shortened here).
+    monkeypatch.setattr(consumers, "STATUS_SECONDS", 0.5)
+    monkeypatch.setattr(replay, "END_GRACE_SECONDS", 0)
+    path = run_path(run) if watch == "run" else "/ws/chamvi/threads/t-end/"
+    headers = headers_for(owner)
+
+    async def scenario():
+        comm = socket(path, headers)
+        assert (await comm.connect())[0]
+        await sync_to_async(_execute_losing_run_end, thread_sensitive=False)(run.pk)
+        received = await receive_until_end(comm)
+        await comm.disconnect()
+        return received
+
+    received = async_to_sync(scenario)()
+    run.refresh_from_db()
+    assert run.status == "completed"
+    assert_gapless(received)
+    assert received == events(run)
+    assert [e["type"] for e in received].count("run.end") == 1
+    assert_run_end(received[-1], run)
+
+
+def test_a_page_opened_after_a_run_end_was_lost_gets_it_when_it_connects(server, monkeypatch):
+    owner = make_user("owner")
+    server.script("m-basic", [Reply(text("Hel"), text("lo"), finish("stop"))])
+    run = execute_losing_run_end(start_run("basic", "go", created_by=owner))
+    assert run.status == "completed" and "run.end" not in [e["type"] for e in events(run)]
+    monkeypatch.setattr(replay, "END_GRACE_SECONDS", 0)
+    headers = headers_for(owner)
+
+    async def scenario():
+        comm = socket(run_path(run, after=2), headers)
+        assert (await comm.connect())[0]
+        received = await receive_until_end(comm)
+        await comm.disconnect()
+        return received
+
+    received = async_to_sync(scenario)()
+    assert_gapless(received, first=3)
+    assert_run_end(received[-1], run)
+
+
+def test_a_thread_socket_does_not_watch_a_settled_run_its_client_has_to_the_end(server, monkeypatch):
+    owner = make_user("owner")
+    run = completed_run(server, owner, thread="t-done")
+    top = events(run)[-1]["seq"]
+    monkeypatch.setattr(replay, "END_GRACE_SECONDS", 0)
+    monkeypatch.setattr(consumers, "QUIET_SECONDS", 0.05)
+    monkeypatch.setattr(consumers, "QUIET_MAX_SECONDS", 0.1)
+    reads: list[str] = []
+    missed_after = consumers.missed_after
+
+    def reading(run_id: str, after: int) -> list[dict[str, Any]]:
+        reads.append(run_id)
+        return missed_after(run_id, after)
+
+    monkeypatch.setattr(consumers, "missed_after", reading)
+    headers = headers_for(owner)
+
+    async def scenario():
+        comm = socket(f"/ws/chamvi/threads/t-done/?after=0&resume={run.pk}:{top}", headers)
+        assert (await comm.connect())[0]
+        assert await comm.receive_nothing(timeout=1)
+        await comm.disconnect()
+
+    async_to_sync(scenario)()
+    # Nothing is left to come of it: no reading of the buffer ten times a second, for good.
+    assert reads == []
 
 
 def test_a_thread_socket_does_not_leak_runs_another_user_starts_in_the_thread(server):

@@ -137,7 +137,7 @@ def test_an_after_that_is_not_ascii_digits_is_a_clear_error_and_a_4400_close(ser
         "run_x:%C2%B2",
         "run_x:5,",
         "run_x:5,%00:1",
-        ",".join(["r:1"] * 201),
+        ",".join(["r:1"] * 51),
     ],
 )
 def test_a_thread_socket_refuses_a_resume_that_is_not_run_id_seq_pairs_with_4400(resume):

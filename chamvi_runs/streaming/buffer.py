@@ -157,8 +157,15 @@ class MemoryEventLog:
         with self._lock:
             return [self._append(run_id, event) for run_id, event in items]
 
-    def _append(self, run_id: str, event: dict[str, Any]) -> dict[str, Any] | None:
-        held = self._live(run_id) or self._held.setdefault(run_id, _Held())
+    def _append(self, run_id: str, event: dict[str, Any], repair: bool = False) -> dict[str, Any] | None:
+        held = self._live(run_id)
+        if event.get("type") == "run.end":
+            # One per run: a repair (``end``) may have stored it before the settling process did.
+            if held and held.events and held.events[-1].get("type") == "run.end":
+                return None
+            if repair and not (held and held.events):
+                return None
+        held = held or self._held.setdefault(run_id, _Held())
         if _dropped(event, held.covers):
             return None
         seq = self._seq[run_id] = self._top(run_id, held) + 1
@@ -171,10 +178,15 @@ class MemoryEventLog:
     def end(self, run_id: str, event: dict[str, Any]) -> dict[str, Any] | None:
         """As ``RedisEventLog.end``."""
         with self._lock:
-            held = self._live(run_id)
-            if held is None or not held.events or held.events[-1].get("type") == "run.end":
-                return None
-            return self._append(run_id, event)
+            return self._append(run_id, event, repair=True)
+
+    def lacking_end(self, run_ids: list[str]) -> list[str]:
+        """As ``RedisEventLog.lacking_end``."""
+        with self._lock:
+            helds = [(run_id, self._live(run_id)) for run_id in run_ids]
+            return [
+                r for r, held in helds if held and held.events and held.events[-1].get("type") != "run.end"
+            ]
 
     def _top(self, run_id: str, held: _Held | None) -> int:
         return max(self._seq.get(run_id, 0), held.events[-1]["seq"] if held and held.events else 0)
@@ -230,13 +242,17 @@ class RedisEventLog:
     among concurrent appends."""
 
     # The seq is spliced into the JSON text: cjson would turn empty lists into objects. An events key
-    # of the old layout (a list) is replaced. ARGV[7] '1': only after held events, the last of which
-    # is not a run.end (``end``).
+    # of the old layout (a list) is replaced. ARGV[7] 'end' (a run.end) or 'repair' (``end``): one
+    # run.end per run, never after one; a repair only after held events. pcall: cjson refuses some
+    # JSON that Python writes (a lone surrogate), which is not a run.end either.
     APPEND = """
-    if ARGV[7] == '1' then
-      if redis.call('TYPE', KEYS[2]).ok ~= 'zset' then return false end
-      local last = redis.call('ZRANGE', KEYS[2], -1, -1)[1]
-      if cjson.decode(last).type == 'run.end' then return false end
+    if ARGV[7] == 'end' or ARGV[7] == 'repair' then
+      local held = redis.call('TYPE', KEYS[2]).ok == 'zset'
+      if ARGV[7] == 'repair' and not held then return false end
+      if held then
+        local ok, last = pcall(cjson.decode, redis.call('ZRANGE', KEYS[2], -1, -1)[1])
+        if ok and type(last) == 'table' and last.type == 'run.end' then return false end
+      end
     end
     local covers = redis.call('HMGET', KEYS[3], 'step', 'waiting')
     if covers[1] then
@@ -360,7 +376,8 @@ class RedisEventLog:
         for run_id, event in items:
             ttl = buffer_ttl(event)
             step, token = cover(event)
-            args = [json.dumps(event), ttl, max(ttl, SEQ_TTL), BUFFER_EVENTS, step, token]
+            once = "end" if event.get("type") == "run.end" else ""
+            args = [json.dumps(event), ttl, max(ttl, SEQ_TTL), BUFFER_EVENTS, step, token, once]
             calls.append([*self._keys(run_id), *args])
         # EVALSHA straight into the pipeline: a pipeline of registered scripts first asks Redis
         # whether they exist (SCRIPT EXISTS), a second round trip for every batch. A Redis that lost
@@ -383,11 +400,26 @@ class RedisEventLog:
         """Append ``event``, a settled run's ``run.end``, unless the buffer ends with one already or
         holds nothing (a replay then rebuilds the run, its end included); the event as stored, or
         None. For a run.end the settling process never stored (it died, or Redis refused the batch,
-        between its commit and the append): without it a page would show the run running for good."""
+        between its commit and the append): without it a page would show the run running for good.
+        Should the settling process store its own after all, that one is refused."""
         ttl = buffer_ttl(event)
-        args = [json.dumps(event), ttl, max(ttl, SEQ_TTL), BUFFER_EVENTS, -1, "", "1"]
+        args = [json.dumps(event), ttl, max(ttl, SEQ_TTL), BUFFER_EVENTS, -1, "", "repair"]
         encoded = self._append(keys=self._keys(run_id), args=args)
         return json.loads(encoded) if encoded else None
+
+    def lacking_end(self, run_ids: list[str]) -> list[str]:
+        """Those of ``run_ids`` whose buffer holds events, the last of which is not a run.end: one
+        round trip, so that ``end`` is asked (and its run.end built) only for them."""
+        pipe = self.connection.pipeline(transaction=False)
+        for run_id in run_ids:
+            pipe.zrange(f"chamvi:events:{run_id}", -1, -1)
+        # An events key of the old layout (a list) answers with an error: nothing to look at there.
+        lasts = pipe.execute(raise_on_error=False)
+        return [
+            run_id
+            for run_id, last in zip(run_ids, lasts, strict=True)
+            if isinstance(last, list) and last and json.loads(last[0]).get("type") != "run.end"
+        ]
 
     def window(self, run_id: str, after: int) -> Window:
         top, complete, held = self._window(keys=self._keys(run_id), args=[after])

@@ -47,6 +47,9 @@ from ..store.fence import db_now_plus
 from .buffer import BUFFER_EVENTS, MARKER, MAX_SEQ, Rebuild, buffer_ttl, event_log, region
 from .serializers import decision_json, run_end_event
 
+# How long after its settle a run's own run.end may still be on its way (the settling process's
+# events writer may be behind, waiting for the channel layer) before a stream stores it instead.
+END_GRACE_SECONDS = 30.0
 # A step is at most 4 events in a rebuild (start, two deltas, end): a region stays well within the
 # cap, so the events after it are kept too.
 REBUILD_STEPS = BUFFER_EVENTS // 20
@@ -88,21 +91,26 @@ def missed_after(run_id: str, after: int) -> list[dict[str, Any]]:
     return window.events
 
 
-def end_lost(run_ids: Collection[str], grace: float) -> None:
-    """Give each of these runs that has been settled ``grace`` seconds (its end would have arrived
-    by then) a ``run.end`` in the buffer if the buffer has none: the settling process died, or Redis
-    refused the batch, between its commit and the append. ``EventLog.end`` appends it once, whoever
-    asks, with the run's next seq; a stream then reads it like any event the layer did not deliver."""
-    # By the database's clock, which stamped finished_at.
-    settled_before = db_now_plus(timedelta(seconds=-grace))
+def end_lost(run_ids: Collection[str]) -> set[str]:
+    """Give each of these runs that has been settled ``END_GRACE_SECONDS`` a ``run.end`` in the
+    buffer if the buffer has none: the settling process died, or Redis refused the batch, between
+    its commit and the append. ``EventLog.end`` appends it once, whoever asks, with the run's next
+    seq; a stream then reads it like any event the layer did not deliver. Returns those runs: their
+    buffer holds every event they will ever have (or nothing, and a replay rebuilds them)."""
+    # By the database's clock, which stamped finished_at (at the start of the settling transaction).
+    settled_before = db_now_plus(timedelta(seconds=-END_GRACE_SECONDS))
     runs = Run.objects.filter(pk__in=list(run_ids), status__in=TERMINAL, finished_at__lte=settled_before)
-    for run in runs:
-        event_log().end(run.pk, {**run_end_event(run), "run_id": run.pk})
+    settled = list(runs.values_list("pk", flat=True))
+    log = event_log()
+    for run in Run.objects.filter(pk__in=log.lacking_end(settled)):
+        log.end(run.pk, {**run_end_event(run), "run_id": run.pk})
+    return set(settled)
 
 
-def settled_after(run_id: str, after: int, grace: float) -> list[dict[str, Any]]:
-    """``missed_after`` for a stream whose run has settled: its ``run.end`` included (``end_lost``)."""
-    end_lost([run_id], grace)
+def settled_after(run_id: str, after: int) -> list[dict[str, Any]]:
+    """``missed_after`` for a stream whose run has settled: its ``run.end`` included (``end_lost``)
+    once it has been settled ``END_GRACE_SECONDS``."""
+    end_lost([run_id])
     return missed_after(run_id, after)
 
 

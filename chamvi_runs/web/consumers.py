@@ -14,10 +14,11 @@ repairs what the layer lost: a live event after a gap makes it send the missing 
 buffer first (``gap``), and a stream that stays quiet while its run is active makes it read the
 buffer's tail (``late``: the lost event may be the last one, ``run.end``): after ``QUIET_SECONDS``,
 then less and less often, every ``QUIET_MAX_SECONDS`` at the least (``QUIET_WAITING_SECONDS`` while
-every run it follows waits for approval). After ``STATUS_SECONDS`` of quiet it also asks the
-database whether its active runs settled: a ``run.end`` that never reached the buffer (the settling
-process died, or Redis refused the batch) is stored then (``replay.end_lost``) and sent like any
-late event. A socket sends each run's events in seq order and skips what it has already sent.
+every run it follows waits for approval). At its first quiet check once ``STATUS_SECONDS`` have
+passed since the last (and when it connects), it also asks the database whether its runs settled:
+a ``run.end`` that never reached the buffer (the settling process died, or Redis refused the batch)
+is stored then (``replay.end_lost``) and sent like any late event, and runs settled a while ago are
+watched no more. A socket sends each run's events in seq order and skips what it has already sent.
 Every repair is logged (a warning) and counted: ``DROPS`` in this process, and the hash
 ``chamvi:stream:drops`` in the queue's Redis for every web process (``redis-cli HGETALL
 chamvi:stream:drops``): ``gap`` and ``late`` count events sent from the buffer,
@@ -40,6 +41,7 @@ from typing import Any, TypeGuard, TypeVar
 from channels.db import DatabaseSyncToAsync, database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.contrib.auth.models import AnonymousUser
+from django.db import close_old_connections
 
 from .. import api
 from ..conf import conf
@@ -64,10 +66,8 @@ THREAD_REPLAY_RUNS = 50
 QUIET_SECONDS = 1.0
 QUIET_MAX_SECONDS = 4.0
 QUIET_WAITING_SECONDS = 30.0
-# How often a quiet socket asks the database whether its active runs settled, and how long after a
-# settle their run.end may still be on its way.
+# How often a quiet socket asks the database whether its active runs settled.
 STATUS_SECONDS = 60.0
-SETTLE_GRACE_SECONDS = 2.0
 DROPS_KEY = "chamvi:stream:drops"
 DROPS: Counter[str] = Counter()
 T = TypeVar("T")
@@ -80,7 +80,16 @@ def _error(code: str, message: str) -> dict[str, Any]:
 def _in_thread(fn: Any) -> Any:
     # Off the thread that serves every ``database_sync_to_async`` call of the process (sessions,
     # authorization): a socket repairing its stream must not hold up the others.
-    return DatabaseSyncToAsync(fn, thread_sensitive=False)
+    def call(*args: Any) -> Any:
+        try:
+            return fn(*args)
+        finally:
+            # Here, inside the context asgiref runs the call in: the close_old_connections() that
+            # DatabaseSyncToAsync runs around it, outside that context, does not see a connection
+            # opened here (asgiref 3.13), which stayed open as long as the socket.
+            close_old_connections()
+
+    return DatabaseSyncToAsync(call, thread_sensitive=False)
 
 
 async def _count(kind: str, count: int) -> None:
@@ -145,9 +154,13 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         await self.channel_layer.group_add(group, self.channel_name)
         self.groups = [group]
         self.allowed = True
+        settled = await _in_thread(end_lost)(list(after))
         for run_id in after:
             for event in await _in_thread(replay_after)(run_id, self.last_seq[run_id]):
                 await self._send_event(event)
+        # Settled a while ago, their end in the buffer: the replay sent what they will ever have (a
+        # client that names a run at its end gets nothing, and must not be watched for more).
+        self.active -= settled
         self.quiet = QUIET_SECONDS
         self.heard = self.checked = asyncio.get_running_loop().time()
         self.watchdog = asyncio.ensure_future(self._watch())
@@ -232,13 +245,18 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
                 continue
             async with self.lock:
                 found = 0
-                try:
-                    if self.active and loop.time() >= self.checked + STATUS_SECONDS:
+                settled: set[str] = set()
+                if self.active and loop.time() >= self.checked + STATUS_SECONDS:
+                    self.checked = loop.time()
+                    try:
                         # A run.end may never have reached the buffer: the repair below reads it.
-                        self.checked = loop.time()
-                        await _in_thread(end_lost)(sorted(self.active), SETTLE_GRACE_SECONDS)
+                        settled = await _in_thread(end_lost)(sorted(self.active))
+                    except Exception:  # a Redis or database hiccup: the repairs go on
+                        logger.warning("could not look for runs that settled", exc_info=True)
+                try:
                     for run_id in sorted(self.active):
                         found += await self._repair(run_id)
+                    self.active -= settled
                 except Exception:  # a Redis or database hiccup: try again at the next quiet time
                     logger.warning("could not read the replay buffer", exc_info=True)
                 self.heard = loop.time()

@@ -17,8 +17,9 @@ from urllib.parse import parse_qs
 from ..core.nul import has_nul
 from ..core.numbers import ascii_int
 
-# A client sends the runs it shows, at most the thread socket's replay (50); room for other clients.
-MAX_RESUME = 200
+# A client names at most the latest runs it shows, as many as a thread socket replays: each named run
+# is one more replay to serve.
+MAX_RESUME = 50
 MAX_RUN_ID = 200
 
 

@@ -218,9 +218,13 @@ async def _events(run_id: str, after: int) -> AsyncIterator[str]:
                 spoke = now
             elif settled_at is not None and now >= settled_at + SETTLE_GRACE_SECONDS:
                 # The settling process publishes run.end just after its commit; past this grace the
-                # buffer has none (the process died or Redis refused it, or the run is gone): it
-                # gets one now, and the client its end.
-                ended = await _briefly(settled_after, run_id, sent.last, SETTLE_GRACE_SECONDS)
+                # buffer has none (the process died or Redis refused it, or the run is gone): once
+                # the run has been settled END_GRACE_SECONDS it gets one, and the client its end.
+                try:
+                    ended = await _briefly(settled_after, run_id, sent.last)
+                except Exception:  # Redis or the database hiccuped: the client reconnects
+                    logger.warning("SSE: could not read run %s", run_id, exc_info=True)
+                    return
                 for frame in sent.frames(ended):
                     yield frame
                 return
