@@ -11,7 +11,8 @@ import pytest
 from django.utils import timezone
 
 from chamvi_runs.streaming import buffer
-from chamvi_runs.streaming.buffer import MemoryEventLog, Rebuild, RedisEventLog
+from chamvi_runs.streaming.buffer import Rebuild, RedisEventLog
+from chamvi_runs.streaming.buffer_memory import MemoryEventLog
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -25,9 +25,8 @@ chamvi:stream:drops``): ``gap`` and ``late`` count events sent from the buffer,
 ``rebuilt`` the times the buffer no longer held them and the run was rebuilt from its stored steps
 (``replay.py``), ``unrepaired`` events that were neither.
 
-Client messages (``input``, ``cancel``, ``approve``, ``deny``) are checked against the same policy as
-the HTTP API and answered with an ``ack`` or an ``error``; a malformed message (not JSON, nested
-deeper than ``MAX_DEPTH``) is an error reply, never a disconnect.
+Client messages (``input``, ``cancel``, ``approve``, ``deny``) are answered by
+``socket_commands.py``, with the same policy as the HTTP API.
 """
 
 from __future__ import annotations
@@ -36,32 +35,27 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, TypeGuard, TypeVar
+from typing import Any, TypeVar
 
 from channels.db import DatabaseSyncToAsync, database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.contrib.auth.models import AnonymousUser
 from django.db import close_old_connections
 
-from .. import api
 from ..conf import conf
 from ..core.nul import has_nul
-from ..errors import ChamviError
 from ..models import Run, Thread
 from ..policy import policy
 from ..streaming.broadcast import events_of, run_group, thread_group
 from ..streaming.buffer import MARKER
 from ..streaming.replay import end_lost, missed_after, replay_after
-from .approvals import decide
-from .errors import ApiError
+from .socket_commands import MAX_DEPTH, answer, error, is_id, malformed
 from .socket_query import BadQuery, after_of, query_of, resume_of
 
 logger = logging.getLogger(__name__)
 
 FORBIDDEN = 4403
 BAD_REQUEST = 4400
-COMMANDS = ("input", "cancel", "approve", "deny")
-MAX_DEPTH = 64
 THREAD_REPLAY_RUNS = 50
 QUIET_SECONDS = 1.0
 QUIET_MAX_SECONDS = 4.0
@@ -71,10 +65,6 @@ STATUS_SECONDS = 60.0
 DROPS_KEY = "chamvi:stream:drops"
 DROPS: Counter[str] = Counter()
 T = TypeVar("T")
-
-
-def _error(code: str, message: str) -> dict[str, Any]:
-    return {"type": "error", "code": code, "message": message}
 
 
 def _in_thread(fn: Any) -> Any:
@@ -139,7 +129,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         try:
             return read(query_of(self.scope))
         except BadQuery as exc:
-            await self.send_json(_error("invalid_after", str(exc)))
+            await self.send_json(error("invalid_after", str(exc)))
             await self.close(code=BAD_REQUEST)
             return None
 
@@ -272,60 +262,23 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         if not getattr(self, "allowed", False):
             return
         if text_data is None:
-            await self.send_json(_error("invalid_message", "send JSON in text frames"))
+            await self.send_json(error("invalid_message", "send JSON in text frames"))
             return
         try:
             content = await self.decode_json(text_data)
         except RecursionError:
-            await self.send_json(_error("invalid_message", f"nest the message at most {MAX_DEPTH} deep"))
+            await self.send_json(error("invalid_message", f"nest the message at most {MAX_DEPTH} deep"))
             return
         except ValueError:
-            await self.send_json(_error("invalid_message", "the message is not JSON"))
+            await self.send_json(error("invalid_message", "the message is not JSON"))
             return
         await self.receive_json(content, **kwargs)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        if not isinstance(content, dict):
-            await self.send_json(_error("invalid_message", "send a JSON object"))
-            return
-        if _deeper_than(content, MAX_DEPTH):
-            await self.send_json(_error("invalid_message", f"nest the message at most {MAX_DEPTH} deep"))
-            return
-        try:
-            reply = await database_sync_to_async(self._command)(content)
-        except ChamviError as exc:
-            reply = _refused(ApiError.of(exc))
-        except ApiError as exc:
-            reply = _refused(exc)
-        except Exception:  # a client message never ends the socket; the cause is logged for the site
-            logger.exception("websocket command failed")
-            reply = _error("internal_error", "the command failed")
+        reply = malformed(content) or await database_sync_to_async(answer)(
+            self.user, content, self._target, self._shows
+        )
         await self.send_json(reply)
-
-    def _command(self, content: dict[str, Any]) -> dict[str, Any]:
-        user, kind = self.user, content.get("type")
-        if kind not in COMMANDS:
-            return _error("invalid_message", f"unknown type {kind!r}; one of {', '.join(COMMANDS)}")
-        if kind in ("approve", "deny"):
-            approval_id = content.get("approval_id")
-            if not _is_id(approval_id):
-                return _error("invalid_message", f"{kind} needs an approval_id")
-            reason = str(content.get("reason") or "")
-            # The decision is checked against the run the approval belongs to, which must be one of
-            # this socket's runs.
-            waitpoint = decide(user, approval_id, kind == "approve", reason=reason, visible=self._shows)
-            return {"type": "ack", "action": kind, "approval_id": waitpoint.approval_id}
-        run = self._target(content)
-        if run is None or not policy().can_view(user, run):
-            return _error("not_found", "no such run")
-        if kind == "cancel":
-            if not policy().can_cancel(user, run):
-                return _error("forbidden", "you may not cancel this run")
-            return {"type": "ack", "action": "cancel", "status": api.cancel_run(run.pk, by=user)}
-        if not policy().can_steer(user, run):
-            return _error("forbidden", "you may not steer this run")
-        item = api.send_input(run.pk, content.get("payload"))
-        return {"type": "ack", "action": "input", "input_id": item.pk}
 
     def _target(self, content: dict[str, Any]) -> Run | None:
         """The run a steering message is for: this socket's run (naming another one is refused)."""
@@ -396,34 +349,9 @@ class ThreadConsumer(RunConsumer):
     def _target(self, content: dict[str, Any]) -> Run | None:
         """A steering message on a thread socket names its run, which must be of this thread."""
         run_id = content.get("run_id")
-        if not _is_id(run_id):
+        if not is_id(run_id):
             return None
         return Run.objects.filter(pk=run_id, thread=self.thread).first()
 
     def _covers(self, run: Run) -> bool:
         return run.thread == self.thread
-
-
-def _refused(exc: ApiError) -> dict[str, Any]:
-    # A field of a message that is not what the command takes is a malformed message, as a
-    # message that is not JSON.
-    return _error("invalid_message" if exc.code == "invalid_field" else exc.code, exc.message)
-
-
-def _is_id(value: object) -> TypeGuard[str]:
-    """A run or approval id as a client may send it: PostgreSQL refuses NUL characters in queries."""
-    return isinstance(value, str) and 0 < len(value) <= 200 and not has_nul(value)
-
-
-def _deeper_than(value: Any, limit: int) -> bool:
-    """Whether lists and objects nest deeper than ``limit`` (iteratively: no recursion to exhaust)."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is None:
-            continue
-        if depth > limit:
-            return True
-        stack.extend((child, depth + 1) for child in children)
-    return False

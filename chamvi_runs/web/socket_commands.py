@@ -1,0 +1,114 @@
+"""What a client may send over a websocket (SPEC §8: ``input``, ``cancel``, ``approve``, ``deny``) and
+the answer each gets: an ``ack``, or an ``error`` with a stable code. Each is checked against the
+same policy as the HTTP API. A malformed message (not JSON, not an object, nested deeper than
+``MAX_DEPTH``) is an error reply, never a disconnect; so is a command that fails unexpectedly (its
+cause is logged for the site).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, TypeGuard
+
+from .. import api
+from ..core.nul import has_nul
+from ..errors import ChamviError
+from ..models import Run
+from ..policy import policy
+from .approvals import decide
+from .errors import ApiError
+
+logger = logging.getLogger(__name__)
+
+COMMANDS = ("input", "cancel", "approve", "deny")
+MAX_DEPTH = 64
+
+
+def error(code: str, message: str) -> dict[str, Any]:
+    return {"type": "error", "code": code, "message": message}
+
+
+def malformed(content: Any) -> dict[str, Any] | None:
+    """The error reply to a decoded message that no command can be read from, or None."""
+    if not isinstance(content, dict):
+        return error("invalid_message", "send a JSON object")
+    if _deeper_than(content, MAX_DEPTH):
+        return error("invalid_message", f"nest the message at most {MAX_DEPTH} deep")
+    return None
+
+
+def answer(
+    user: Any,
+    content: dict[str, Any],
+    target: Callable[[dict[str, Any]], Run | None],
+    shows: Callable[[Run], bool],
+) -> dict[str, Any]:
+    """The reply to ``content`` from ``user``. ``target`` finds the run a steering message is for
+    among the socket's runs (None: not one of them); ``shows`` says whether the socket shows a run
+    to its user (a decision is only taken for an approval of such a run)."""
+    try:
+        return _apply(user, content, target, shows)
+    except ChamviError as exc:
+        return _refused(ApiError.of(exc))
+    except ApiError as exc:
+        return _refused(exc)
+    except Exception:  # a client message never ends the socket; the cause is logged for the site
+        logger.exception("websocket command failed")
+        return error("internal_error", "the command failed")
+
+
+def _apply(
+    user: Any,
+    content: dict[str, Any],
+    target: Callable[[dict[str, Any]], Run | None],
+    shows: Callable[[Run], bool],
+) -> dict[str, Any]:
+    kind = content.get("type")
+    if kind not in COMMANDS:
+        return error("invalid_message", f"unknown type {kind!r}; one of {', '.join(COMMANDS)}")
+    if kind in ("approve", "deny"):
+        approval_id = content.get("approval_id")
+        if not is_id(approval_id):
+            return error("invalid_message", f"{kind} needs an approval_id")
+        reason = str(content.get("reason") or "")
+        # The decision is checked against the run the approval belongs to, which must be one of
+        # this socket's runs.
+        waitpoint = decide(user, approval_id, kind == "approve", reason=reason, visible=shows)
+        return {"type": "ack", "action": kind, "approval_id": waitpoint.approval_id}
+    run = target(content)
+    if run is None or not policy().can_view(user, run):
+        return error("not_found", "no such run")
+    if kind == "cancel":
+        if not policy().can_cancel(user, run):
+            return error("forbidden", "you may not cancel this run")
+        return {"type": "ack", "action": "cancel", "status": api.cancel_run(run.pk, by=user)}
+    if not policy().can_steer(user, run):
+        return error("forbidden", "you may not steer this run")
+    item = api.send_input(run.pk, content.get("payload"))
+    return {"type": "ack", "action": "input", "input_id": item.pk}
+
+
+def _refused(exc: ApiError) -> dict[str, Any]:
+    # A field of a message that is not what the command takes is a malformed message, as a
+    # message that is not JSON.
+    return error("invalid_message" if exc.code == "invalid_field" else exc.code, exc.message)
+
+
+def is_id(value: object) -> TypeGuard[str]:
+    """A run or approval id as a client may send it: PostgreSQL refuses NUL characters in queries."""
+    return isinstance(value, str) and 0 < len(value) <= 200 and not has_nul(value)
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether lists and objects nest deeper than ``limit`` (iteratively: no recursion to exhaust)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
