@@ -11,8 +11,7 @@ import pytest
 from django.utils import timezone
 
 from chamvi_runs.streaming import buffer
-from chamvi_runs.streaming.buffer import Rebuild, RedisEventLog
-from chamvi_runs.streaming.buffer_memory import MemoryEventLog
+from chamvi_runs.streaming.buffer import MemoryEventLog, Rebuild, RedisEventLog
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -16,7 +16,7 @@ from .. import signals
 from ..conf import conf
 from ..core import log_context
 from ..core.log_context import LogContext
-from .buffer import EventLog, event_log
+from .buffer import MemoryEventLog, RedisEventLog, event_log
 
 logger = logging.getLogger(__name__)
 
@@ -198,7 +198,9 @@ class EventWriter:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def submit(self, log: EventLog, run_id: str, event: dict[str, Any], groups: list[str]) -> None:
+    def submit(
+        self, log: MemoryEventLog | RedisEventLog, run_id: str, event: dict[str, Any], groups: list[str]
+    ) -> None:
         self._start()
         self._queue.put((log, run_id, event, groups, log_context.current()))
 
