@@ -7,10 +7,12 @@ from datetime import timedelta
 from typing import Any
 from unittest import mock
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib.admin.utils import quote
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
+from django.db import close_old_connections, connection
 from django.db.models import F, Model
 from django.test import Client
 from django.urls import reverse
@@ -39,6 +41,19 @@ def execute_losing_run_end(run: Run | str) -> Run:
 
     with mock.patch.object(ChannelsBroadcaster, "publish", all_but_run_end):
         return execute(run)
+
+
+def _execute_closing(run_id: str, lose_run_end: bool = False) -> Run:
+    try:
+        return (execute_losing_run_end if lose_run_end else execute)(run_id)
+    finally:
+        close_old_connections()
+        connection.close()
+
+
+# ``execute`` (or ``execute_losing_run_end``) in a thread of its own, from async test code: the thread
+# closes its database connection, which the test's teardown would otherwise find open.
+execute_in_thread = sync_to_async(_execute_closing, thread_sensitive=False)
 
 
 def events(run: Run | str) -> list[dict[str, Any]]:

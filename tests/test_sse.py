@@ -6,15 +6,14 @@ import asyncio
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
-from django.db import close_old_connections, connection
 from django.test import Client
 
 from chamvi_runs import start_run
-from chamvi_runs.models import Run, Step
+from chamvi_runs.models import Step
 from chamvi_runs.streaming import replay
 from chamvi_runs.streaming.broadcast import ChannelsBroadcaster, event_log
 from chamvi_runs.web import views_stream
-from tests.helpers import events, execute, execute_losing_run_end, logged_in, make_user
+from tests.helpers import events, execute, execute_in_thread, execute_losing_run_end, logged_in, make_user
 from tests.scripted_server import Reply, delay, finish, text, tool_call
 from tests.sse_helpers import Stream
 from tests.sse_helpers import body as _body
@@ -96,21 +95,13 @@ def test_a_seq_that_is_not_ascii_digits_is_a_json_400(root_client, after, last_e
     assert response.json()["error"]["code"] == "invalid_field"
 
 
-def _execute_in_thread(run_id: str) -> Run:
-    try:
-        return execute(run_id)
-    finally:
-        close_old_connections()
-        connection.close()
-
-
 def test_a_stream_follows_a_run_live_until_run_end(server, root_client):
     server.script("m-basic", [Reply(text("Hel"), delay(0.3), text("lo"), finish("stop"))])
     run = start_run("basic", "x", created_by=root_client.user)
 
     async def scenario():
         stream = Stream(await sync_to_async(root_client.get)(f"/chamvi/api/runs/{run.pk}/stream/"))
-        execution = asyncio.ensure_future(sync_to_async(_execute_in_thread, thread_sensitive=False)(run.pk))
+        execution = asyncio.ensure_future(execute_in_thread(run.pk))
         first = await stream.next()
         assert not execution.done(), "the first event came live, while the model was answering"
         rest = await stream.until("run.end")

@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from channels.testing import WebsocketCommunicator
-from django.db import close_old_connections, connection
 
 from chamvi_runs import start_run
 from chamvi_runs.models import Run, RunInput, Step, WaitPoint
@@ -16,7 +15,15 @@ from chamvi_runs.routing import websocket_application
 from chamvi_runs.streaming import replay
 from chamvi_runs.streaming.broadcast import ChannelsBroadcaster
 from chamvi_runs.web import consumers
-from tests.helpers import events, execute, execute_losing_run_end, make_superuser, make_user, session_cookie
+from tests.helpers import (
+    events,
+    execute,
+    execute_in_thread,
+    execute_losing_run_end,
+    make_superuser,
+    make_user,
+    session_cookie,
+)
 from tests.scripted_server import Reply, delay, finish, reasoning, text, tool_call
 from tests.testapp.models import Refund
 
@@ -66,15 +73,17 @@ async def expect_forbidden(comm: WebsocketCommunicator) -> None:
     assert message == {"type": "websocket.close", "code": 4403}
 
 
-def _execute_in_thread(run_id: str) -> Run:
-    try:
-        return execute(run_id)
-    finally:
-        close_old_connections()
-        connection.close()
+def received_until_end(path: str, headers: list[tuple[bytes, bytes]]) -> list[dict[str, Any]]:
+    """Every event a socket connecting to ``path`` receives up to run.end (and nothing after it)."""
 
+    async def scenario() -> list[dict[str, Any]]:
+        comm = socket(path, headers)
+        assert (await comm.connect())[0]
+        received = await receive_until_end(comm)
+        await comm.disconnect()
+        return received
 
-execute_in_thread = sync_to_async(_execute_in_thread, thread_sensitive=False)
+    return async_to_sync(scenario)()
 
 
 def completed_run(server, owner: Any, thread: str | None = None) -> Run:
@@ -221,15 +230,7 @@ def test_an_old_run_whose_buffer_expired_is_served_from_its_stored_steps(server,
     redis.delete(f"chamvi:events:{run.pk}", f"chamvi:seq:{run.pk}")
     assert events(run) == []
     headers = headers_for(owner)
-
-    async def scenario(after):
-        comm = socket(run_path(run, after=after), headers)
-        assert (await comm.connect())[0]
-        received = await receive_until_end(comm)
-        await comm.disconnect()
-        return received
-
-    stream = async_to_sync(scenario)(0)
+    stream = received_until_end(run_path(run, after=0), headers)
     assert_gapless(stream)
     assert [e["type"] for e in stream] == [
         "run.start",
@@ -257,7 +258,7 @@ def test_an_old_run_whose_buffer_expired_is_served_from_its_stored_steps(server,
     assert stream[-1]["status"] == "completed" and stream[-1]["output"] == "It is 5."
     # A seq the server no longer knows may be of the stream the client watched live, numbered
     # otherwise: the resumed client gets the whole rebuild after its seq, opened by the marker.
-    resumed = async_to_sync(scenario)(8)
+    resumed = received_until_end(run_path(run, after=8), headers)
     assert resumed[0] == {
         "type": "replay.truncated",
         "run_id": run.pk,
@@ -358,18 +359,10 @@ def test_a_thread_socket_resumes_each_run_after_the_seq_its_client_names(server)
     elsewhere = completed_run(server, owner, thread="t-other")
     top = events(first)[-1]["seq"]
     resume = f"{first.pk}:{top - 2},{second.pk}:{events(second)[-1]['seq']},{elsewhere.pk}:0"
-    headers = headers_for(owner)
-
-    async def scenario():
-        comm = socket(f"/ws/chamvi/threads/t-resume/?after=0&resume={resume}", headers)
-        assert (await comm.connect())[0]
-        received = await receive_until_end(comm)
-        await comm.disconnect()
-        return received
-
+    received = received_until_end(f"/ws/chamvi/threads/t-resume/?after=0&resume={resume}", headers_for(owner))
     # Of the first run only what comes after the client's seq; nothing of the second, which it has
     # whole, nor of a run of another thread that it names.
-    assert async_to_sync(scenario)() == events(first)[-2:]
+    assert received == events(first)[-2:]
 
 
 def test_a_thread_socket_whose_run_lost_its_seqs_serves_a_resuming_client_up_to_run_end(server, redis):
@@ -379,30 +372,15 @@ def test_a_thread_socket_whose_run_lost_its_seqs_serves_a_resuming_client_up_to_
     # Redis lost its data after the page had been sent all but run.end.
     redis.delete(f"chamvi:events:{run.pk}", f"chamvi:seq:{run.pk}", f"chamvi:region:{run.pk}")
     seen = stream[-2]["seq"]
-    headers = headers_for(owner)
-
-    async def scenario():
-        comm = socket(f"/ws/chamvi/threads/t-lost/?after=0&resume={run.pk}:{seen}", headers)
-        assert (await comm.connect())[0]
-        received = await receive_until_end(comm)
-        await comm.disconnect()
-        return received
-
-    received = async_to_sync(scenario)()
+    received = received_until_end(
+        f"/ws/chamvi/threads/t-lost/?after=0&resume={run.pk}:{seen}", headers_for(owner)
+    )
     # Numbered after the client's seq, so that it takes them: the run rebuilt, opened by the marker.
     assert received[0]["type"] == "replay.truncated" and received[0]["seq"] == seen + 1
     assert_gapless(received, first=seen + 1)
     assert received[-1]["type"] == "run.end" and received[-1]["output"] == stream[-1]["output"]
     text = "".join(e["text"] for e in received if e["type"] == "delta" and e["kind"] == "text")
     assert text == "Hello!"
-
-
-def _execute_losing_run_end(run_id: str) -> Run:
-    try:
-        return execute_losing_run_end(run_id)
-    finally:
-        close_old_connections()
-        connection.close()
 
 
 def assert_run_end(event: dict[str, Any], run: Run) -> None:
@@ -433,7 +411,7 @@ def test_a_socket_watching_a_run_gets_the_run_end_that_never_reached_the_buffer(
     async def scenario():
         comm = socket(path, headers)
         assert (await comm.connect())[0]
-        await sync_to_async(_execute_losing_run_end, thread_sensitive=False)(run.pk)
+        await execute_in_thread(run.pk, True)
         received = await receive_until_end(comm)
         await comm.disconnect()
         return received
@@ -453,16 +431,7 @@ def test_a_page_opened_after_a_run_end_was_lost_gets_it_when_it_connects(server,
     run = execute_losing_run_end(start_run("basic", "go", created_by=owner))
     assert run.status == "completed" and "run.end" not in [e["type"] for e in events(run)]
     monkeypatch.setattr(replay, "END_GRACE_SECONDS", 0)
-    headers = headers_for(owner)
-
-    async def scenario():
-        comm = socket(run_path(run, after=2), headers)
-        assert (await comm.connect())[0]
-        received = await receive_until_end(comm)
-        await comm.disconnect()
-        return received
-
-    received = async_to_sync(scenario)()
+    received = received_until_end(run_path(run, after=2), headers_for(owner))
     assert_gapless(received, first=3)
     assert_run_end(received[-1], run)
 

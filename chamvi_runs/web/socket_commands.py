@@ -7,9 +7,10 @@ cause is logged for the site).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
-from typing import Any, TypeGuard
+from typing import Any, ParamSpec, TypeGuard
 
 from .. import api
 from ..core.nul import has_nul
@@ -23,6 +24,7 @@ logger = logging.getLogger(__name__)
 
 COMMANDS = ("input", "cancel", "approve", "deny")
 MAX_DEPTH = 64
+P = ParamSpec("P")
 
 
 def error(code: str, message: str) -> dict[str, Any]:
@@ -38,6 +40,26 @@ def malformed(content: Any) -> dict[str, Any] | None:
     return None
 
 
+def _replied(apply: Callable[P, dict[str, Any]]) -> Callable[P, dict[str, Any]]:
+    """``apply``, with its refusals and failures turned into error replies: a client message never
+    ends the socket, and an unexpected failure is logged for the site."""
+
+    @functools.wraps(apply)
+    def replied(*args: P.args, **kwargs: P.kwargs) -> dict[str, Any]:
+        try:
+            return apply(*args, **kwargs)
+        except ChamviError as exc:
+            return _refused(ApiError.of(exc))
+        except ApiError as exc:
+            return _refused(exc)
+        except Exception:
+            logger.exception("websocket command failed")
+            return error("internal_error", "the command failed")
+
+    return replied
+
+
+@_replied
 def answer(
     user: Any,
     content: dict[str, Any],
@@ -47,23 +69,6 @@ def answer(
     """The reply to ``content`` from ``user``. ``target`` finds the run a steering message is for
     among the socket's runs (None: not one of them); ``shows`` says whether the socket shows a run
     to its user (a decision is only taken for an approval of such a run)."""
-    try:
-        return _apply(user, content, target, shows)
-    except ChamviError as exc:
-        return _refused(ApiError.of(exc))
-    except ApiError as exc:
-        return _refused(exc)
-    except Exception:  # a client message never ends the socket; the cause is logged for the site
-        logger.exception("websocket command failed")
-        return error("internal_error", "the command failed")
-
-
-def _apply(
-    user: Any,
-    content: dict[str, Any],
-    target: Callable[[dict[str, Any]], Run | None],
-    shows: Callable[[Run], bool],
-) -> dict[str, Any]:
     kind = content.get("type")
     if kind not in COMMANDS:
         return error("invalid_message", f"unknown type {kind!r}; one of {', '.join(COMMANDS)}")

@@ -560,31 +560,10 @@ class Connection {
 
   /** Sends a command over the HTTP API: its ack, or a ChamviError; `timeout` after commandTimeout
       ms and `closed` on close() abort the request, as the websocket's commands give up. */
-  postCommand(http) {
-    return new Promise((resolve, reject) => {
-      const request = new AbortController();
-      const onClose = () => stop(new ChamviError("closed", "the client was closed"));
-      const onTimeout = () => stop(new ChamviError("timeout", "the server did not answer in time"));
-      const timer = setTimeout(onTimeout, this.options.commandTimeout);
-      const release = () => {
-        clearTimeout(timer);
-        this.closing.signal.removeEventListener("abort", onClose);
-      };
-      // Settled before the abort: the request's own AbortError (told apart differently by every
-      // browser) comes too late to be the answer.
-      const stop = (error) => {
-        release();
-        reject(error);
-        request.abort();
-      };
-      this.closing.signal.addEventListener("abort", onClose);
-      this.post(http, request.signal).then(resolve, reject).finally(release);
-    });
-  }
-
-  async post({path, body, ack}, signal) {
+  async postCommand({path, body, ack}) {
     try {
-      const reply = {type: "ack", ...ack(await postJson(this.options, path, body, signal))};
+      const answer = await postJsonWithin(this.options, path, body, this.closing.signal);
+      const reply = {type: "ack", ...ack(answer)};
       this.emit("reply", reply);
       return reply;
     } catch (error) {
@@ -600,6 +579,30 @@ class Connection {
     const path = `api/approvals/${encodeURIComponent(approvalId)}/${action}/`;
     return this.command(message, {path, body: reason ? {reason} : {}, ack: () => ({action, approval_id: approvalId})});
   }
+}
+
+/** `postJson`, given up after `commandTimeout` ms (`timeout`) or once `closing` aborts (`closed`):
+    the request is aborted then. */
+function postJsonWithin(options, path, body, closing = null) {
+  return new Promise((resolve, reject) => {
+    const request = new AbortController();
+    const onClose = () => stop(new ChamviError("closed", "the client was closed"));
+    const onTimeout = () => stop(new ChamviError("timeout", "the server did not answer in time"));
+    const timer = setTimeout(onTimeout, options.commandTimeout);
+    const release = () => {
+      clearTimeout(timer);
+      closing?.removeEventListener("abort", onClose);
+    };
+    // Settled before the abort: the request's own AbortError (told apart differently by every
+    // browser) comes too late to be the answer.
+    const stop = (error) => {
+      release();
+      reject(error);
+      request.abort();
+    };
+    closing?.addEventListener("abort", onClose);
+    postJson(options, path, body, request.signal).then(resolve, reject).finally(release);
+  });
 }
 
 /** POSTs `body` as JSON to the HTTP API with the session's CSRF token; the response's JSON, or a
@@ -638,16 +641,8 @@ export function decideApproval(approvalId, decision, {reason = "", token = null,
     return Promise.reject(new ChamviError("invalid_message", `decision is "approve" or "deny", not ${decision}`));
   }
   const body = {...(reason ? {reason} : {}), ...(token ? {token} : {})};
-  const settings = defaults(options);
-  const request = new AbortController();
-  const timer = setTimeout(() => request.abort(), settings.commandTimeout);
   const path = `api/approvals/${encodeURIComponent(approvalId)}/${decision}/`;
-  return postJson(settings, path, body, request.signal)
-    .catch((error) => {
-      if (request.signal.aborted) throw new ChamviError("timeout", "the server did not answer in time");
-      throw error;
-    })
-    .finally(() => clearTimeout(timer));
+  return postJsonWithin(defaults(options), path, body);
 }
 
 /** Parses a Server-Sent Events body, calling `onEvent` with each event's JSON data until it returns
