@@ -11,7 +11,7 @@ from django.utils import timezone
 from . import store
 from .agents.agent import registry
 from .conf import conf
-from .core.nul import has_nul
+from .core.storable import WHAT, unstorable
 from .dispatch.doorbell import enqueue
 from .errors import InvalidPayload, ThreadForbidden
 from .models import Artifact, Run, RunInput, WaitPoint
@@ -21,7 +21,7 @@ from .runtime.lifecycle import announce_settled
 
 def check_payload(payload: Any, what: str = "payload") -> None:
     """Raise InvalidPayload unless ``payload`` is JSON data within ``MAX_PAYLOAD_BYTES`` that
-    PostgreSQL can store: no NUL character in any string or key (jsonb refuses it)."""
+    PostgreSQL can store: no NUL character or lone surrogate in any string or key (``core.storable``)."""
     try:
         encoded = json.dumps(payload, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
@@ -29,8 +29,8 @@ def check_payload(payload: Any, what: str = "payload") -> None:
     limit = conf.MAX_PAYLOAD_BYTES
     if len(encoded.encode()) > limit:
         raise InvalidPayload(f"{what} is larger than {limit} bytes", too_large=True)
-    if has_nul(payload):
-        raise InvalidPayload(f"{what} must not contain NUL characters (\\u0000)")
+    if unstorable(payload):
+        raise InvalidPayload(f"{what} must not contain {WHAT}")
 
 
 def check_name(value: Any, what: str) -> None:
@@ -39,8 +39,8 @@ def check_name(value: Any, what: str) -> None:
         return
     if not isinstance(value, str) or not value or len(value) > 200:
         raise InvalidPayload(f"{what} must be a non-empty string of at most 200 characters")
-    if has_nul(value):
-        raise InvalidPayload(f"{what} must not contain NUL characters")
+    if unstorable(value):
+        raise InvalidPayload(f"{what} must not contain {WHAT}")
 
 
 def start_run(
@@ -118,8 +118,8 @@ def cancel_run(run_id: str, *, by: Any = None) -> str:
 
 
 def _decide(approval_id: str, decision: str, by: Any, reason: str, token: str | None) -> WaitPoint:
-    if not isinstance(reason, str) or has_nul(reason):
-        raise InvalidPayload("reason must be a string without NUL characters")
+    if not isinstance(reason, str) or unstorable(reason):
+        raise InvalidPayload(f"reason must be a string without {WHAT}")
     with transaction.atomic():
         waitpoint = store.decide(approval_id, decision, by=by, reason=reason, token=token)
         enqueue(waitpoint.run_id)

@@ -15,6 +15,7 @@ from typing import Any
 import openai
 
 from .conf import conf
+from .core.storable import storable
 from .core.toolcalls import ToolCallAccumulator
 from .core.types import Aborted, AbortSignal, ModelRequest, ModelTurn, OnDelta, Usage
 
@@ -88,20 +89,23 @@ class OpenAIModel:
                 for choice in chunk.choices or []:
                     delta = choice.delta
                     if delta is not None:
-                        thought = _reasoning_of(delta)
+                        # A lone surrogate (an escape a provider split from its partner) cannot be
+                        # stored or sent on: each is replaced, so deltas still add up to the step.
+                        thought = storable(_reasoning_of(delta))
                         if thought:
                             reasoning.append(thought)
                             on_delta("reasoning", thought)
                         if delta.content:
-                            text.append(delta.content)
-                            on_delta("text", delta.content)
+                            content = storable(delta.content)
+                            text.append(content)
+                            on_delta("text", content)
                         for tc in delta.tool_calls or []:
                             function = tc.function
                             calls.add(
                                 tc.index,
-                                tc.id,
-                                function.name if function else None,
-                                function.arguments if function else None,
+                                storable(tc.id),
+                                storable(function.name) if function else None,
+                                storable(function.arguments) if function else None,
                             )
                     if choice.finish_reason:
                         turn.finish_reason = choice.finish_reason

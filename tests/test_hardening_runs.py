@@ -5,6 +5,7 @@ real worker processes where a worker must die."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
@@ -22,7 +23,7 @@ from chamvi_runs.errors import InvalidPayload, ThreadForbidden
 from chamvi_runs.models import Checkpoint, EffectRecord, Run, Step, Thread, WaitPoint
 from chamvi_runs.runtime.janitor import tick_once
 from chamvi_runs.runtime.notifications import notify
-from tests.helpers import execute, expire_lease, make_user
+from tests.helpers import events, execute, expire_lease, make_user
 from tests.processes import WorkerProcess, wait_for, worker_env
 from tests.scripted_server import Reply, finish, text, tool_call, usage
 from tests.testapp.models import Refund
@@ -551,3 +552,51 @@ def test_nul_characters_from_the_model_and_tools_are_stored_as_replacement_chara
     tool = Step.objects.get(run=run, kind="tool")
     assert tool.input == {"reason": "bad\ufffdbyte"} and "bad\ufffdbyte" in tool.error
     assert "\ufffd" in repr(Checkpoint.objects.get(run=run).messages)
+
+
+# --- lone surrogates -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("call", "what"),
+    [
+        (lambda: start_run("basic", {"note": "a\ud800b"}), "payload"),
+        (lambda: start_run("basic", {"\udfff": 1}), "payload"),
+        (lambda: start_run("basic", "x", thread="t\ud800"), "thread"),
+        (lambda: start_run("basic", "x", concurrency_key="k\udc00"), "concurrency_key"),
+        (lambda: start_run("basic", "x", id="i\ud83d"), "id"),
+        (lambda: start_run("basic", "x", keys={"user": "u\ud800"}), "keys"),
+    ],
+)
+def test_lone_surrogates_from_callers_are_refused_and_create_nothing(call, what):
+    with pytest.raises(InvalidPayload, match=f"{what} must not contain .*lone surrogates"):
+        call()
+    assert not Run.objects.exists() and not Thread.objects.exists()
+
+
+def test_lone_surrogates_from_the_model_and_tools_are_stored_streamed_and_sent_on_as_replacements(server):
+    # The chunks carry them as JSON escapes, which the openai client decodes to lone surrogates; the
+    # arguments are JSON text in a JSON string, whose escape our own parse decodes.
+    server.script(
+        "m-basic",
+        [
+            Reply(
+                text("half \ud83d of a pair"),
+                tool_call("c1", "explode", '{"reason": "bad\\ud800byte"}'),
+                finish("tool_calls"),
+            ),
+            Reply(text("done\udfffhere"), finish("stop")),
+        ],
+    )
+    run = execute(start_run("basic", "x"))
+    published = events(run)
+    assert run.status == "completed" and run.output == "done\ufffdhere"
+    llm = Step.objects.filter(run=run, kind="llm").order_by("index").first()
+    assert llm.output["text"] == "half \ufffd of a pair"
+    tool = Step.objects.get(run=run, kind="tool")
+    assert tool.input == {"reason": "bad\ufffdbyte"} and "bad\ufffdbyte" in tool.error
+    deltas = "".join(e["text"] for e in published if e["type"] == "delta" and e["step"] == llm.index)
+    assert deltas == llm.output["text"]
+    assert "\ufffd" in repr(Checkpoint.objects.get(run=run).messages)
+    # The second model call got the tool's error as its result: the request could be encoded.
+    assert "bad\ufffdbyte" in json.dumps(server.requests[-1]["messages"], ensure_ascii=False)

@@ -123,6 +123,12 @@ def test_a_null_steering_input_is_400(admin):
         {"thread": "t\u0000"},
         {"concurrency_key": "k\u0000"},
         {"id": "evt\u0000"},
+        {"payload": "a\ud800b"},
+        {"payload": {"\udfff": 1}},
+        {"keys": {"order": "\ud83d"}},
+        {"thread": "t\ud800"},
+        {"concurrency_key": "k\udc00"},
+        {"id": "evt\ud800"},
     ],
 )
 def test_a_nul_character_in_a_start_request_is_400_and_creates_nothing(admin, queue, fields):
@@ -132,9 +138,10 @@ def test_a_nul_character_in_a_start_request_is_400_and_creates_nothing(admin, qu
     assert not Run.objects.exists() and queue.count == 0
 
 
-def test_a_nul_character_in_a_steering_input_is_400(admin):
+@pytest.mark.parametrize("note", ["a\u0000b", "a\ud800b"], ids=["nul", "lone-surrogate"])
+def test_a_nul_character_in_a_steering_input_is_400(admin, note):
     run_id = admin.post(RUNS, {"agent": "basic", "payload": 1}).json()["id"]
-    response = admin.post(f"{RUNS}{run_id}/input/", {"payload": {"note": "a\u0000b"}})
+    response = admin.post(f"{RUNS}{run_id}/input/", {"payload": {"note": note}})
     assert response.status_code == 400
     assert error_of(response)["code"] == "invalid_payload"
     assert not RunInput.objects.exists()
@@ -142,9 +149,10 @@ def test_a_nul_character_in_a_steering_input_is_400(admin):
 
 def test_a_nul_character_in_a_decision_is_400_and_decides_nothing(admin, admin_user, server):
     run, waitpoint = waiting_run(server)
-    response = admin.post(approval_url(waitpoint, "approve"), {"reason": "ok\u0000"})
-    assert response.status_code == 400
-    assert error_of(response)["code"] == "invalid_field"
+    for reason in ("ok\u0000", "ok\ud800"):
+        response = admin.post(approval_url(waitpoint, "approve"), {"reason": reason})
+        assert response.status_code == 400
+        assert error_of(response)["code"] == "invalid_field"
     assert admin.post("/chamvi/api/approvals/apr_%00/approve/").status_code == 404
     assert WaitPoint.objects.get(pk=waitpoint.pk).decision is None
 

@@ -155,8 +155,9 @@ def test_a_thread_socket_refuses_a_resume_that_is_not_run_id_seq_pairs_with_4400
         '{"type": "input", "payload": ' + "[" * 70 + "]" * 70 + "}",
         '{"type": "approve", "approval_id": "wp\\u0000x"}',
         '{"type": "deny", "approval_id": "' + "x" * 300 + '"}',
+        '{"type": "approve", "approval_id": "wp\\ud800x"}',
     ],
-    ids=["recursion", "deeper-than-64", "nul-id", "long-id"],
+    ids=["recursion", "deeper-than-64", "nul-id", "long-id", "lone-surrogate-id"],
 )
 def test_deep_or_unstorable_messages_get_an_error_reply_not_a_disconnect(raw):
     owner = make_user("owner", "chamvi_runs.approve_waitpoint")
@@ -164,6 +165,29 @@ def test_deep_or_unstorable_messages_get_an_error_reply_not_a_disconnect(raw):
     reply = async_to_sync(command)(run_path(run), headers_for(owner), None, raw=raw)
     assert reply["type"] == "error" and reply["code"] == "invalid_message"
     assert not RunInput.objects.exists()
+
+
+def test_a_lone_surrogate_in_an_input_is_invalid_payload_not_an_internal_error():
+    owner = make_user("owner")
+    run = start_run("basic", "go", created_by=owner)
+    raw = '{"type": "input", "payload": {"note": "a\\ud800b"}}'
+    reply = async_to_sync(command)(run_path(run), headers_for(owner), None, raw=raw)
+    assert reply["type"] == "error" and reply["code"] == "invalid_payload"
+    assert not RunInput.objects.exists()
+
+
+@pytest.mark.parametrize("thread", ["t-\ud800", "t-\u0000"], ids=["lone-surrogate", "nul"])
+def test_a_thread_socket_named_with_unstorable_text_is_refused(thread):
+    headers = headers_for(make_user("owner"))
+
+    async def scenario():
+        comm = socket(f"/ws/chamvi/threads/{thread}/", headers)
+        assert (await comm.connect())[0]
+        closed = await comm.receive_output(timeout=5)
+        await comm.disconnect()
+        return closed
+
+    assert async_to_sync(scenario)() == {"type": "websocket.close", "code": 4403}
 
 
 def test_a_nul_run_id_on_a_thread_socket_is_an_error_reply():

@@ -14,6 +14,7 @@ from typing import Any, get_type_hints, overload
 import pydantic
 import pydantic_core
 
+from ..core.storable import storable
 from ..errors import ToolArgumentsError
 
 
@@ -148,9 +149,11 @@ def effect_tool(
 def to_jsonable(value: Any) -> Any:
     """A value (a tool's arguments or result) as JSON data: pydantic models dumped, also inside lists and
     dicts, datetimes, dates, UUIDs and decimals as their ISO/str form, sets and tuples as lists, NaN and
-    infinities as null (PostgreSQL's jsonb has no such numbers), anything else as ``str()``."""
+    infinities as null (PostgreSQL's jsonb has no such numbers), anything else as ``str()``; text
+    PostgreSQL cannot store replaced (``core.storable``)."""
     try:
         data = pydantic_core.to_jsonable_python(value, fallback=str)
     except pydantic_core.PydanticSerializationError:
         data = value
-    return json.loads(json.dumps(data, default=str), parse_constant=lambda _constant: None)
+    # What a tool got or gave is streamed and stored: a NUL or lone surrogate in it becomes U+FFFD.
+    return storable(json.loads(json.dumps(data, default=str), parse_constant=lambda _constant: None))

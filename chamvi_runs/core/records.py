@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .nul import without_nul
+from .storable import storable
 from .types import ModelTurn
 
 
@@ -56,10 +56,10 @@ class StepRecord:
 
 def arguments_hash(arguments: Any) -> str:
     """What an approval is bound to: the exact arguments of the call, canonically encoded, as they
-    are stored and shown to the approver (a NUL replaced): the call re-parsed from the history after
-    the decision has its NUL back, and is still the call that was approved."""
+    are stored and shown to the approver (a NUL or lone surrogate replaced): the call re-parsed from
+    the history after the decision has it back, and is still the call that was approved."""
     encoded = json.dumps(
-        without_nul(arguments), sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str
+        storable(arguments), sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str
     )
     return hashlib.sha256(encoded.encode()).hexdigest()
 

@@ -18,8 +18,8 @@ from .. import store
 from ..agents.agent import RunContext
 from ..agents.tools import Tool, to_jsonable
 from ..core.faults import crash_point
-from ..core.nul import without_nul
 from ..core.records import Claim
+from ..core.storable import storable
 from ..errors import LeaseLostError
 from ..models import EffectRecord
 
@@ -34,7 +34,7 @@ def run_effect(claim: Claim, tool: Tool, ctx: RunContext, arguments: dict[str, A
             raise LeaseLostError(f"run {claim.run_id}: claim lost before an effect tool")
         record = store.effect_record(claim.run_id, key)
         if record is not None:
-            if record.input != without_nul(to_jsonable(arguments)):
+            if record.input != storable(to_jsonable(arguments)):
                 return None, _already_ran(tool.name, record)
             return record.output, record.error
         output: Any = None

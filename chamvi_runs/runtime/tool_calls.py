@@ -18,6 +18,7 @@ from ..agents.tools import Tool, to_jsonable
 from ..core.decisions import idempotency_key
 from ..core.messages import tool_result
 from ..core.records import CallRef, Claim, StepRecord, arguments_hash
+from ..core.storable import storable
 from ..core.types import AbortSignal, Message
 from ..errors import LeaseLostError, ToolArgumentsError
 from ..models import Run
@@ -118,6 +119,8 @@ class ToolCalls:
             self.emit("tool.call", step=index, tool_call_id=call["id"], name=name, input=_loads(raw))
             if tool is not None:
                 output, error = self.invoke(tool, ctx, arguments)
+            # An exception's text may quote what the model sent, a lone surrogate included.
+            error = storable(error)
             steps = [
                 *steps,
                 StepRecord(
@@ -164,7 +167,7 @@ def _parse(tools: dict[str, Tool], name: str, raw: str) -> tuple[Tool | None, An
 
 def _loads(raw: str) -> Any:
     try:
-        return json.loads(raw) if raw else {}
+        return storable(json.loads(raw)) if raw else {}
     except json.JSONDecodeError:
         return raw
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.nul import without_nul
 from ..core.records import Claim
+from ..core.storable import storable
 from ..models import EffectRecord, Run
 from .fence import held
 
@@ -27,8 +27,8 @@ def record_effect(claim: Claim, key: str, tool_name: str, tool_input: Any, outpu
     EffectRecord.objects.create(
         run_id=claim.run_id,
         key=key,
-        tool_name=without_nul(tool_name),
-        input=without_nul(tool_input),
-        output=without_nul(output),
-        error=without_nul(error),
+        tool_name=storable(tool_name),
+        input=storable(tool_input),
+        output=storable(output),
+        error=storable(error),
     )

@@ -15,9 +15,9 @@ from django.utils import timezone
 
 from ..core.faults import crash_point
 from ..core.messages import answer_open_calls
-from ..core.nul import without_nul
 from ..core.records import CallRef, Claim, StepRecord, arguments_hash, hash_token
 from ..core.states import TERMINAL, Status
+from ..core.storable import storable
 from ..core.types import NO_USAGE, Message, Usage
 from ..models import Checkpoint, Step, WaitPoint
 from .fence import db_now_plus, to, update_held
@@ -37,10 +37,10 @@ def _write_steps(claim: Claim, steps: Iterable[StepRecord]) -> None:
             run_id=claim.run_id,
             index=s.index,
             kind=s.kind,
-            name=without_nul(s.name),
-            input=without_nul(s.input),
-            output=without_nul(s.output),
-            error=without_nul(s.error),
+            name=storable(s.name),
+            input=storable(s.input),
+            output=storable(s.output),
+            error=storable(s.error),
             attempt=claim.attempt,
             started_at=s.started_at or now,
             finished_at=s.finished_at or now,
@@ -56,7 +56,7 @@ def _write_steps(claim: Claim, steps: Iterable[StepRecord]) -> None:
 
 def write_checkpoint(run_id: str, step_index: int, messages: list[Message], finish_reason: str) -> None:
     """Inside a transaction that holds the run row: the one checkpoint of the run, moved forward."""
-    messages = without_nul(messages)
+    messages = storable(messages)
     updated = Checkpoint.objects.filter(run_id=run_id, step_index__lte=step_index).update(
         step_index=step_index, messages=messages, finish_reason=finish_reason or "", created_at=timezone.now()
     )
@@ -153,15 +153,15 @@ def open_wait(
                 claim_owner=None,
                 claim_expires_at=None,
             )
-            tool_input = without_nul(tool_input)
+            tool_input = storable(tool_input)
             waitpoint = WaitPoint.objects.create(
                 run_id=claim.run_id,
                 step_index=wait_index,
                 model_step=call.model_step,
                 call_position=call.position,
                 arguments_hash=arguments_hash(tool_input),
-                tool_call_id=without_nul(call.call_id),
-                tool_name=without_nul(tool_name),
+                tool_call_id=storable(call.call_id),
+                tool_name=storable(tool_name),
                 input=tool_input,
                 # The database's clock: hosts' clocks disagree, and expiry is decided in SQL.
                 expires_at=db_now_plus(ttl),
@@ -237,9 +237,9 @@ def _settled_fields(status: Status, output: Any, error_code: str, error_message:
     }
     if status in TERMINAL:
         fields.update(
-            output=without_nul(output),
+            output=storable(output),
             error_code=error_code,
-            error_message=without_nul(error_message),
+            error_message=storable(error_message),
             finished_at=Now(),
         )
     return fields

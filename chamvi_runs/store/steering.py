@@ -14,9 +14,9 @@ from django.db.models.functions import Now
 
 from ..core.decisions import CLOSED_BY
 from ..core.messages import tool_result
-from ..core.nul import without_nul
 from ..core.records import hash_token
 from ..core.states import TERMINAL, Status
+from ..core.storable import storable
 from ..errors import DecisionRefused, RunNotFound
 from ..models import Checkpoint, Run, RunInput, WaitPoint
 from .fence import to
@@ -95,7 +95,7 @@ def decide(
             decision=decision,
             decided_by=by if getattr(by, "pk", None) else None,
             decided_at=Now(),
-            reason=without_nul(reason),
+            reason=storable(reason),
         )
         if decision != WaitPoint.Decision.APPROVED:
             checkpoint = Checkpoint.objects.get(run_id=run_id)

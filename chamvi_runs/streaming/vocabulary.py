@@ -156,11 +156,11 @@ ERROR_CODES: tuple[tuple[str, str], ...] = (
     (
         "invalid_message",
         "not JSON, not an object, nested deeper than 64 levels, binary frame, unknown `type`, no or a bad "
-        "`approval_id`, a NUL in `reason`",
+        "`approval_id`, a NUL or lone surrogate in `reason`",
     ),
     ("not_found", "no such run or approval on this socket, or one the user may not view"),
     ("forbidden", "the user may view but not steer, cancel or decide"),
-    ("invalid_payload", "an input that cannot be stored (`null`, NUL)"),
+    ("invalid_payload", "an input that cannot be stored (`null`, NUL, a lone surrogate)"),
     ("payload_too_large", "an input larger than `MAX_PAYLOAD_BYTES`"),
     ("run_settled", "an input to a run that has ended"),
     ("already_decided", "a decision refused: the approval was decided already"),

@@ -9,7 +9,7 @@ from typing import Any
 from django.views.decorators.debug import sensitive_variables
 
 from .. import api
-from ..core.nul import has_nul
+from ..core.storable import WHAT, unstorable
 from ..errors import DecisionRefused
 from ..models import Run, WaitPoint
 from ..policy import policy
@@ -37,11 +37,13 @@ def decide(
     socket the approval's run is not on. ``reason`` and ``token`` are as the client sent them.
 
     Raises ApiError: ``not_found``, ``unauthenticated``, ``forbidden``, ``invalid_field`` (a
-    ``token`` that is not a string, a ``reason`` that is not a string or holds a NUL), or the
+    ``token`` that is not a string, a ``reason`` that is not a string or holds a NUL or a lone
+    surrogate), or the
     refusal's (``bad_token``, ``already_decided``, ``expired``)."""
-    # PostgreSQL refuses a NUL in any text it is sent, a lookup's too: no approval has one in its id.
+    # PostgreSQL refuses a NUL or a lone surrogate in any text it is sent, a lookup's too: no approval
+    # has one in its id.
     found = WaitPoint.objects.select_related("run").filter(approval_id=approval_id)
-    waitpoint = None if has_nul(approval_id) else found.first()
+    waitpoint = None if unstorable(approval_id) else found.first()
     if waitpoint is None or (visible is not None and not visible(waitpoint.run)):
         raise ApiError(404, "not_found", f"no approval {approval_id}")
     if token is None:
@@ -51,8 +53,8 @@ def decide(
             raise ApiError(403, "forbidden", "you may not decide this approval")
     elif not isinstance(token, str):
         raise ApiError(400, "invalid_field", "'token' must be a string")
-    if not isinstance(reason, str) or has_nul(reason):
-        raise ApiError(400, "invalid_field", "'reason' must be a string without NUL characters")
+    if not isinstance(reason, str) or unstorable(reason):
+        raise ApiError(400, "invalid_field", f"'reason' must be a string without {WHAT}")
     try:
         return (api.approve if approve else api.deny)(approval_id, by=user, reason=reason, token=token)
     except DecisionRefused as exc:

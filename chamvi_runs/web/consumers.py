@@ -43,7 +43,7 @@ from django.contrib.auth.models import AnonymousUser
 from django.db import close_old_connections
 
 from ..conf import conf
-from ..core.nul import has_nul
+from ..core.storable import unstorable
 from ..models import Run, Thread
 from ..policy import policy
 from ..streaming.broadcast import events_of, run_group, thread_group
@@ -304,8 +304,8 @@ class ThreadConsumer(RunConsumer):
         await self.accept()
         self.allowed = False
         self.thread: str = self.scope["url_route"]["kwargs"]["thread"]
-        # PostgreSQL cannot compare a NUL character, and no thread has one in its name.
-        if has_nul(self.thread) or not await database_sync_to_async(self._may_watch)():
+        # PostgreSQL cannot compare a NUL or a lone surrogate, and no thread has one in its name.
+        if unstorable(self.thread) or not await database_sync_to_async(self._may_watch)():
             await self.close(code=FORBIDDEN)
             return
         seqs = await self._query(lambda query: (after_of(query), resume_of(query)))

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, ParamSpec, TypeGuard
 
 from .. import api
-from ..core.nul import has_nul
+from ..core.storable import unstorable
 from ..errors import ChamviError
 from ..models import Run
 from ..policy import policy
@@ -101,8 +101,9 @@ def _refused(exc: ApiError) -> dict[str, Any]:
 
 
 def is_id(value: object) -> TypeGuard[str]:
-    """A run or approval id as a client may send it: PostgreSQL refuses NUL characters in queries."""
-    return isinstance(value, str) and 0 < len(value) <= 200 and not has_nul(value)
+    """A run or approval id as a client may send it: PostgreSQL refuses NUL characters and
+    lone surrogates in queries."""
+    return isinstance(value, str) and 0 < len(value) <= 200 and not unstorable(value)
 
 
 def _deeper_than(value: Any, limit: int) -> bool:

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qs
 
-from ..core.nul import has_nul
 from ..core.numbers import ascii_int
+from ..core.storable import unstorable
 
 # A client names at most the latest runs it shows, as many as a thread socket replays: each named run
 # is one more replay to serve.
@@ -51,7 +51,7 @@ def resume_of(query: dict[str, list[str]]) -> dict[str, int]:
     for pair in pairs:
         run_id, _, digits = pair.rpartition(":")
         seq = ascii_int(digits)
-        if seq is None or not run_id or len(run_id) > MAX_RUN_ID or has_nul(run_id):
+        if seq is None or not run_id or len(run_id) > MAX_RUN_ID or unstorable(run_id):
             raise BadQuery("resume must be run_id:seq pairs separated by commas")
         seqs[run_id] = max(seq, seqs.get(run_id, 0))
     return seqs

@@ -14,8 +14,8 @@ from django.views.decorators.debug import sensitive_post_parameters, sensitive_v
 
 from .. import api
 from ..conf import conf
-from ..core.nul import has_nul
 from ..core.numbers import ascii_int
+from ..core.storable import unstorable
 from ..errors import AgentNotFound, DecisionRefused, InvalidPayload, RunNotFound, ThreadForbidden
 from ..models import Run
 from ..policy import policy
@@ -126,8 +126,9 @@ def _optional_str(data: dict[str, Any], key: str) -> str | None:
 
 def _run_for(request: HttpRequest, run_id: str, *, steer: bool = False, cancel: bool = False) -> Run:
     user = _require_user(request)
-    # PostgreSQL refuses a NUL in any text it is sent, a lookup's too: no run has one in its id.
-    run = None if has_nul(run_id) else Run.objects.filter(pk=run_id).first()
+    # PostgreSQL refuses a NUL or a lone surrogate in any text it is sent, a lookup's too: no run has
+    # one in its id.
+    run = None if unstorable(run_id) else Run.objects.filter(pk=run_id).first()
     if run is None or not policy().can_view(user, run):
         raise ApiError(404, "not_found", f"no run {run_id}")
     if steer and not policy().can_steer(user, run):

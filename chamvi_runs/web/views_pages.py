@@ -17,8 +17,8 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
 from .. import api
-from ..core.nul import has_nul
 from ..core.states import TERMINAL, Status
+from ..core.storable import WHAT, unstorable
 from ..models import Run, Step, Thread, WaitPoint
 from ..policy import policy
 from ..store import queries
@@ -35,10 +35,11 @@ SUMMARY_STEPS = 100
 
 
 def _posted(request: HttpRequest, name: str) -> str:
-    """A form field PostgreSQL can look up or store: a NUL in it is a request no page sends (400)."""
+    """A form field PostgreSQL can look up or store: a NUL or a lone surrogate in it is a
+    request no page sends (400)."""
     value = request.POST.get(name, "")
-    if has_nul(value):
-        raise BadRequest(f"{name} must not contain NUL characters")
+    if unstorable(value):
+        raise BadRequest(f"{name} must not contain {WHAT}")
     return value
 
 
@@ -98,7 +99,7 @@ def client_base() -> str:
 
 
 def _viewable_thread(user: Any, name: str) -> Thread | None:
-    thread = None if has_nul(name) else Thread.objects.filter(name=name).first()
+    thread = None if unstorable(name) else Thread.objects.filter(name=name).first()
     return thread if thread is not None and policy().can_view_thread(user, thread) else None
 
 
@@ -139,7 +140,7 @@ def _thread_runs(user: Any, runs: Any) -> list[dict[str, Any]]:
 
 @login_required
 def run_page(request: HttpRequest, run_id: str) -> HttpResponse:
-    run = None if has_nul(run_id) else Run.objects.select_related("created_by").filter(pk=run_id).first()
+    run = None if unstorable(run_id) else Run.objects.select_related("created_by").filter(pk=run_id).first()
     user = request.user
     if run is None or not policy().can_view(user, run):
         raise Http404("no such run")
