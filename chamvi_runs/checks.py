@@ -23,6 +23,8 @@ E016       ``HEARTBEAT_SECONDS`` is more than half of ``LEASE_SECONDS``
 E017       ``MAX_ATTEMPTS`` is not a positive int
 E019       ``CONCURRENCY`` is not a positive int
 E020       ``STREAM_COALESCE_SECONDS`` is not a number >= 0
+E025       ``MAX_INPUTS`` is not a positive int
+E026       ``MAX_PENDING_INPUT_BYTES`` is not a positive int, or is less than ``MAX_PAYLOAD_BYTES``
 W001       an unknown key in ``CHAMVI_RUNS`` (a typo?)
 W002       ``RQ['WORKER_CLASS']`` is not ``chamvi_runs.worker.Worker`` (``rq`` executor)
 E018       ``CHANNEL_LAYERS`` has no ``default`` layer: websockets and Server-Sent Events need one
@@ -133,7 +135,23 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
     limit = value["MAX_PAYLOAD_BYTES"]
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         errors.append(_error("MAX_PAYLOAD_BYTES", "must be a positive int", "E011"))
-    for key, id_ in (("MAX_INVALID_TOOL_CALLS", "E015"), ("MAX_ATTEMPTS", "E017"), ("CONCURRENCY", "E019")):
+    pending = value["MAX_PENDING_INPUT_BYTES"]
+    if not isinstance(pending, int) or isinstance(pending, bool) or pending < 1:
+        errors.append(_error("MAX_PENDING_INPUT_BYTES", f"must be a positive int, not {pending!r}", "E026"))
+    elif isinstance(limit, int) and not isinstance(limit, bool) and pending < limit:
+        errors.append(
+            _error(
+                "MAX_PENDING_INPUT_BYTES",
+                f"({pending}) must be at least MAX_PAYLOAD_BYTES ({limit}): no input that size could be sent",
+                "E026",
+            )
+        )
+    for key, id_ in (
+        ("MAX_INVALID_TOOL_CALLS", "E015"),
+        ("MAX_ATTEMPTS", "E017"),
+        ("CONCURRENCY", "E019"),
+        ("MAX_INPUTS", "E025"),
+    ):
         count = value[key]
         if not isinstance(count, int) or isinstance(count, bool) or count < 1:
             errors.append(_error(key, f"must be a positive int, not {count!r}", id_))

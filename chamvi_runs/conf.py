@@ -23,6 +23,8 @@ DEFAULTS: dict[str, Any] = {
     "STREAM_BUFFER_SECONDS": 300,
     "STREAM_COALESCE_SECONDS": 0.005,
     "MAX_PAYLOAD_BYTES": 256 * 1024,
+    "MAX_INPUTS": 100,
+    "MAX_PENDING_INPUT_BYTES": 1024 * 1024,
     "MODEL_BACKOFF_SECONDS": 0.5,
     "MAX_INVALID_TOOL_CALLS": 3,
     "MAX_ATTEMPTS": 5,
@@ -100,6 +102,17 @@ class Conf:
     @property
     def MAX_PAYLOAD_BYTES(self) -> int:
         return int(self._get("MAX_PAYLOAD_BYTES"))
+
+    @property
+    def MAX_INPUTS(self) -> int:
+        """Steering inputs one run takes in its life; the next is refused (``too_many_inputs``)."""
+        return int(self._get("MAX_INPUTS"))
+
+    @property
+    def MAX_PENDING_INPUT_BYTES(self) -> int:
+        """Bytes of steering input (JSON) a run holds for its next model call; an input that would
+        pass it is refused (``inputs_pending``) until the model call takes them."""
+        return int(self._get("MAX_PENDING_INPUT_BYTES"))
 
     @property
     def MODEL_BACKOFF_SECONDS(self) -> float:
