@@ -2,7 +2,11 @@
 
 Nothing of run state is added, changed or deleted here: a change form's save is a full-row UPDATE of
 status, claim and attempt with values read a moment earlier (no fence), and deleting a live run's
-checkpoint silently restarts it from its trigger. Each action has its own permission."""
+checkpoint silently restarts it from its trigger. Each action has its own permission.
+
+Every list is paged and reads only what it shows (``chamvi_runs/web/admin_lists.py``): no list
+counts its whole table, a run's page shows its latest steps and wait points and links to all of
+them, and a NUL or a lone surrogate in a URL matches nothing instead of failing the query."""
 
 from __future__ import annotations
 
@@ -11,11 +15,8 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.contrib.admin.utils import quote
 from django.db.models import QuerySet
 from django.http import HttpRequest
-from django.urls import reverse
-from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.views.decorators.debug import sensitive_variables
 
@@ -23,6 +24,8 @@ from . import api
 from .models import ApiToken, Checkpoint, Run, Step, StuckRun, WaitPoint
 from .runtime.janitor import Requeued, requeue
 from .store.queries import Stuck, stuck_runs
+from .streaming.serializers import pretty_json
+from .web.admin_lists import AgentFilter, LatestRows, StepColumns, Storable, run_link, second, short
 from .web.approvals import decide
 from .web.auth import create_token
 from .web.errors import ApiError
@@ -42,21 +45,52 @@ class ReadOnly:
         return False
 
 
-STEP_FIELDS = ("index", "kind", "name", "error", "attempt", "started_at", "finished_at")
-WAITPOINT_FIELDS = ("approval_id", "tool_name", "input", "expires_at", "decision", "decided_by", "reason")
+STEP_FIELDS = ("index", "kind", "name", "content", "attempt", "started", "took")
+STEP_PAGE_FIELDS: tuple[str, ...] = (
+    "run_link",
+    "index",
+    "kind",
+    "name",
+    "attempt",
+    "started",
+    "finished",
+    "took",
+)
+STEP_PAGE_FIELDS += ("input_json", "output_json", "error")
+WAITPOINT_FIELDS = ("approval_id", "tool_name", "arguments", "expires", "decision", "decided_by", "decided")
 
 
-class StepInline(ReadOnly, admin.TabularInline):
+class StepInline(StepColumns, ReadOnly, admin.TabularInline):
     model = Step
+    formset = LatestRows
+    template = "chamvi_runs/admin/latest_rows.html"
+    ordering = ["index"]
     extra = 0
     fields = readonly_fields = STEP_FIELDS
-    show_change_link = False
+    # The step's own page shows its content whole.
+    show_change_link = True
 
 
 class WaitPointInline(ReadOnly, admin.TabularInline):
     model = WaitPoint
+    formset = LatestRows
+    template = "chamvi_runs/admin/latest_rows.html"
+    ordering = ["created_at", "pk"]
     extra = 0
-    fields = readonly_fields = WAITPOINT_FIELDS
+    fields = readonly_fields = (*WAITPOINT_FIELDS, "reason")
+    show_change_link = True
+
+    @admin.display(description="input")
+    def arguments(self, waitpoint: WaitPoint) -> str:
+        return short(pretty_json(waitpoint.input))
+
+    @admin.display(description="expires at")
+    def expires(self, waitpoint: WaitPoint) -> str:
+        return second(waitpoint.expires_at)
+
+    @admin.display(description="decided at")
+    def decided(self, waitpoint: WaitPoint) -> str:
+        return second(waitpoint.decided_at)
 
 
 def _may_approve(user: Any, run: Run | None = None) -> bool:
@@ -81,7 +115,7 @@ def _decide(
 
 
 @admin.register(Run)
-class RunAdmin(ReadOnly, admin.ModelAdmin):
+class RunAdmin(Storable, ReadOnly, admin.ModelAdmin):
     list_display = [
         "id",
         "agent",
@@ -92,9 +126,13 @@ class RunAdmin(ReadOnly, admin.ModelAdmin):
         "output_tokens",
         "created_at",
     ]
-    list_filter = ["status", "agent"]
+    # Dates by range (today, the past 7 days, ...): a date hierarchy reads the distinct days of the
+    # whole table on every page.
+    list_filter = ["status", AgentFilter, "created_at"]
+    list_defer = ("trigger", "output", "error_message")
+    # "N total" would count the whole table on every page.
+    show_full_result_count = False
     search_fields = ["id", "thread", "concurrency_key", "trigger_id"]
-    date_hierarchy = "created_at"
     inlines = [StepInline, WaitPointInline]
     actions = ["cancel_runs", "approve_open", "deny_open"]
 
@@ -107,7 +145,8 @@ class RunAdmin(ReadOnly, admin.ModelAdmin):
 
     @admin.action(description="Cancel selected runs", permissions=["cancel"])
     def cancel_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
-        statuses = [api.cancel_run(run.pk, by=request.user) for run in queryset]
+        # Ids only: "select all" may cover every run, with its trigger.
+        statuses = [api.cancel_run(pk, by=request.user) for pk in queryset.values_list("pk", flat=True)]
         self.message_user(request, f"Cancel requested for {len(statuses)} run(s).", messages.SUCCESS)
 
     @admin.action(description="Approve the open approval of selected runs", permissions=["approve"])
@@ -147,7 +186,7 @@ class StuckReasonFilter(admin.SimpleListFilter):
 
 
 @admin.register(StuckRun)
-class StuckRunAdmin(ReadOnly, admin.ModelAdmin):
+class StuckRunAdmin(Storable, ReadOnly, admin.ModelAdmin):
     """Runs nothing is moving on (``store.queries.stuck_runs``), with an action that does for them
     now what ``chamvi_tick`` does once they are due. A queued run is stuck after ``queued_after``: a
     site changes it by registering a subclass instead (``admin.site.unregister(StuckRun)`` first)."""
@@ -155,7 +194,9 @@ class StuckRunAdmin(ReadOnly, admin.ModelAdmin):
     queued_after = timedelta(minutes=10)
     list_display = ["run_id", "agent", "why_stuck", "attempt", "claim_owner", "created_at"]
     list_display_links = None
-    list_filter = [StuckReasonFilter, "agent"]
+    list_filter = [StuckReasonFilter, AgentFilter]
+    list_defer = ("trigger", "output", "error_message")
+    show_full_result_count = False
     search_fields = ["id"]
     actions = ["requeue_runs"]
 
@@ -165,9 +206,7 @@ class StuckRunAdmin(ReadOnly, admin.ModelAdmin):
     @admin.display(description="id", ordering="id")
     def run_id(self, run: StuckRun) -> SafeString:
         """The run's own admin page, with its steps and wait points."""
-        return format_html(
-            '<a href="{}">{}</a>', reverse("admin:chamvi_runs_run_change", args=[quote(run.pk)]), run.pk
-        )
+        return run_link(run.pk)
 
     @admin.display(description="why stuck", ordering="stuck_for")
     def why_stuck(self, run: StuckRun) -> str:
@@ -214,11 +253,28 @@ class StuckRunAdmin(ReadOnly, admin.ModelAdmin):
 
 
 @admin.register(WaitPoint)
-class WaitPointAdmin(ReadOnly, admin.ModelAdmin):
-    list_display = ["approval_id", "run", "tool_name", "decision", "expires_at", "notified_at", "created_at"]
-    list_filter = ["decision", "tool_name"]
+class WaitPointAdmin(Storable, ReadOnly, admin.ModelAdmin):
+    # The run's id: the run itself would join each row with the run's trigger.
+    list_display = [
+        "approval_id",
+        "run_id_link",
+        "tool_name",
+        "decision",
+        "expires_at",
+        "notified_at",
+        "created_at",
+    ]
+    # Tool names are searched: a filter of them reads every wait point for its distinct values.
+    list_filter = ["decision"]
+    search_fields = ["approval_id", "tool_name"]
+    list_defer = ("input", "reason")
+    show_full_result_count = False
     actions = ["approve", "deny"]
     exclude = ["token_hash"]
+
+    @admin.display(description="run", ordering="run_id")
+    def run_id_link(self, waitpoint: WaitPoint) -> SafeString:
+        return run_link(waitpoint.run_id)
 
     def view_on_site(self, obj: WaitPoint) -> str:
         return obj.run.get_absolute_url()
@@ -236,12 +292,34 @@ class WaitPointAdmin(ReadOnly, admin.ModelAdmin):
 
 
 @admin.register(Checkpoint)
-class CheckpointAdmin(ReadOnly, admin.ModelAdmin):
-    list_display = ["run", "step_index", "finish_reason", "created_at"]
+class CheckpointAdmin(Storable, ReadOnly, admin.ModelAdmin):
+    list_display = ["run_id_link", "step_index", "finish_reason", "created_at"]
+    # A checkpoint's messages are its run's whole history.
+    list_defer = ("messages",)
+    show_full_result_count = False
+
+    @admin.display(description="run", ordering="run_id")
+    def run_id_link(self, checkpoint: Checkpoint) -> SafeString:
+        return run_link(checkpoint.run_id)
+
+
+@admin.register(Step)
+class StepAdmin(StepColumns, Storable, ReadOnly, admin.ModelAdmin):
+    """The steps of a run (``?run=<id>``, linked from the run's page) a page at a time, and one
+    step whole. Not on the admin's index: a run is where to start."""
+
+    list_display = ["index", "kind", "name", "content", "attempt", "started", "took", "run_link"]
+    list_filter = ["kind"]
+    ordering = ["run", "index"]
+    show_full_result_count = False
+    fields = readonly_fields = STEP_PAGE_FIELDS
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return False
 
 
 @admin.register(ApiToken)
-class ApiTokenAdmin(admin.ModelAdmin):
+class ApiTokenAdmin(Storable, admin.ModelAdmin):
     """A token acts as its user: staff mint and see only their own; superusers, anyone's."""
 
     list_display = ["name", "user", "prefix", "created_at", "last_used_at"]

@@ -1,15 +1,16 @@
 """Who may do what. Replace with ``CHAMVI_RUNS["POLICY"] = "myapp.policy.MyPolicy"`` (same methods;
-subclass ``DefaultPolicy`` to change only some)."""
+subclass ``DefaultPolicy`` to change only some). ``decidable`` is optional: see ``decidable_approvals``."""
 
 from __future__ import annotations
 
 from functools import cache
 from typing import Any
 
+from django.db.models import QuerySet
 from django.utils.module_loading import import_string
 
 from .conf import conf
-from .models import Run, Thread
+from .models import Run, Thread, WaitPoint
 
 
 class DefaultPolicy:
@@ -33,7 +34,13 @@ class DefaultPolicy:
         )
 
     def can_decide(self, user: Any, run: Run) -> bool:
-        return bool(user.is_authenticated and user.has_perm("chamvi_runs.approve_waitpoint"))
+        return self._approver(user)
+
+    def decidable(self, user: Any, waitpoints: QuerySet[WaitPoint]) -> QuerySet[WaitPoint]:
+        """Those of ``waitpoints`` whose runs ``user`` may decide, as a filter of the query: the
+        approvals page pages it in the database. It must agree with ``can_decide``. Here all or
+        none (``none()`` costs no query): the permission does not depend on the run."""
+        return waitpoints if self._approver(user) else waitpoints.none()
 
     def can_view_thread(self, user: Any, thread: Thread) -> bool:
         """View the thread's history, and so start runs in it. ``user`` None is code that started a
@@ -52,6 +59,12 @@ class DefaultPolicy:
         return f"user:{user.pk}"
 
     @staticmethod
+    def _approver(user: Any) -> bool:
+        return bool(
+            user is not None and user.is_authenticated and user.has_perm("chamvi_runs.approve_waitpoint")
+        )
+
+    @staticmethod
     def _owner(user: Any, run: Run) -> bool:
         return bool(
             user is not None
@@ -68,3 +81,19 @@ def _load(path: str) -> Any:
 
 def policy() -> Any:
     return _load(conf.POLICY)
+
+
+def decidable_approvals(user: Any, waitpoints: QuerySet[WaitPoint]) -> QuerySet[WaitPoint] | None:
+    """``policy().decidable(user, waitpoints)``, or None when the site's policy cannot say it as a
+    query: it has no ``decidable``, or it inherits ``DefaultPolicy``'s while it overrides
+    ``can_decide``, which that one would contradict. The caller then asks ``can_decide`` row by row,
+    over a page of bounded size."""
+    current = policy()
+    method = getattr(current, "decidable", None)
+    if method is None:
+        return None
+    kind = type(current)
+    if kind.decidable is DefaultPolicy.decidable and kind.can_decide is not DefaultPolicy.can_decide:
+        return None
+    result: QuerySet[WaitPoint] = method(user, waitpoints)
+    return result

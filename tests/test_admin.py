@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import html
+import json
+import re
 import secrets
 
 import pytest
 from django.contrib.auth.models import Permission
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from chamvi_runs import start_run
 from chamvi_runs.models import ApiToken, Checkpoint, EffectRecord, Run, RunInput, Step, Thread, WaitPoint
@@ -165,3 +171,86 @@ def test_staff_mint_api_tokens_for_themselves_only():
     assert ApiToken.objects.get(name="root's").user == root
     listing = minter.get("/admin/chamvi_runs/apitoken/").content.decode()
     assert "as root" in listing and "root&#x27;s" not in listing and "root's" not in listing
+
+
+# --- what the lists and a run's page show -------------------------------------------------------------
+
+EVIL = "</td><script>alert(1)</script>"
+LONG = "word " * 100
+
+
+def _sql(client: Client, path: str) -> tuple[str, list[str]]:
+    with CaptureQueriesContext(connection) as queries:
+        response = client.get(path)
+    assert response.status_code == 200, path
+    return response.content.decode(), [q["sql"] for q in queries.captured_queries]
+
+
+def cell(row: str, field: str) -> str:
+    """The text of a row's ``field`` column, as a read-only inline or list shows it."""
+    found = re.search(rf'<td class="field-{field}">\s*<p>(.*?)</p>', row, re.S)
+    assert found, (field, row)
+    return found.group(1)
+
+
+def test_a_runs_steps_show_their_content_escaped_and_their_times_to_the_second(server):
+    server.script(
+        "m-basic",
+        [
+            Reply(tool_call("c1", "add", '{"a": 1, "b": 2}'), finish("tool_calls")),
+            Reply(tool_call("c2", "explode", "{}"), finish("tool_calls")),
+            Reply(text(EVIL + LONG), finish("stop")),
+        ],
+    )
+    run = execute(start_run("basic", "x"))
+    assert run.status == "completed"
+    client = logged_in(make_superuser())
+    content = client.get(admin_url(run)).content.decode()
+    rows = re.findall(r'<tr class="form-row has_original"\s+id="steps-\d+">(.*?)</tr>', content, re.S)
+    cells = [cell(row, "content") for row in rows]
+    assert cells[0] == "→ add()"
+    assert cells[1] == "{ &quot;a&quot;: 1, &quot;b&quot;: 2 } → 3"
+    assert cells[3].startswith("{} → error: invalid call: invalid arguments for explode")
+    assert cells[4].startswith(html.escape(EVIL)) and cells[4].endswith("word word…")
+    assert "<script>alert" not in content
+    step = Step.objects.get(run=run, index=4)
+    assert cell(rows[4], "started") == timezone.localtime(step.started_at).strftime("%Y-%m-%d %H:%M:%S")
+    assert re.fullmatch(r"\d+ ms|\d+\.\d{3} s", cell(rows[4], "took")), "to the millisecond"
+    # The step's own page shows its text whole.
+    link = re.search(r'href="(/admin/chamvi_runs/step/\d+/change/[^"]*)"', rows[4])
+    assert link, rows[4]
+    whole = client.get(html.unescape(link.group(1))).content.decode()
+    assert html.escape(json.dumps(EVIL + LONG)[1:-1]) in whole or html.escape(EVIL + LONG) in whole
+
+
+def test_a_run_of_10000_steps_shows_its_latest_50_and_links_to_all_of_them_a_page_at_a_time():
+    run = start_run("basic", "x")
+    started = timezone.now()
+    Step.objects.bulk_create(
+        Step(run=run, index=i, kind="llm", name="m", output={"text": f"step #{i}."}, started_at=started)
+        for i in range(10_000)
+    )
+    client = logged_in(make_superuser())
+    content = client.get(admin_url(run)).content.decode()
+    assert len(re.findall(r'id="steps-\d+"', content)) == 50
+    assert "step #9950." in content and "step #9999." in content and "step #9949." not in content
+    all_steps = f"/admin/chamvi_runs/step/?run={run.pk}"
+    assert f'The latest 50 of 10000 steps: <a href="{html.escape(all_steps)}">all 10000' in content
+    listing, sql = _sql(client, all_steps)
+    assert "step #0." in listing and "step #99." in listing and "step #100." not in listing
+    assert len([q for q in sql if "COUNT(" in q]) == 1, "the page's count only, never the whole table's"
+
+
+def test_the_lists_read_only_the_columns_they_show_and_no_distinct_values(server):
+    run = _waiting(server)
+    client = logged_in(make_superuser())
+    for model in ("run", "waitpoint", "checkpoint", "stuckrun"):
+        content, sql = _sql(client, f"/admin/chamvi_runs/{model}/")
+        read = " ".join(sql)
+        for heavy in ('"trigger"', '"output"', '"messages"', '"chamvi_runs_waitpoint"."input"'):
+            assert heavy not in read, (model, heavy)
+        assert "DISTINCT" not in read, (model, sql)
+    content, _ = _sql(client, "/admin/chamvi_runs/run/")
+    assert run.pk in content and 'href="?agent=approving"' in content, (
+        "the agent filter lists registered agents"
+    )

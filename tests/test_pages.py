@@ -6,15 +6,23 @@ from __future__ import annotations
 
 import html
 import re
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.contrib.admin import site as admin_site
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.urls import include, path
+from django.utils import timezone
 
 from chamvi_runs import approve, cancel_run, deny, send_input, start_run
 from chamvi_runs.models import Run, WaitPoint
+from chamvi_runs.policy import DefaultPolicy
 from chamvi_runs.streaming.replay import events_from_steps
 from tests.helpers import admin_url, events, execute, logged_in, make_superuser, make_user
-from tests.scripted_server import Reply, finish, text, tool_call
+from tests.scripted_server import Reply, cut, error_event, finish, text, tool_call
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(30)]
 
@@ -303,3 +311,163 @@ def test_a_run_resumed_without_a_decision_announces_none(server):
     run = execute(run)
     [resume] = [e for e in events(run) if e["type"] == "run.resume"]
     assert "decision" not in resume
+
+
+# --- the approvals page at scale ----------------------------------------------------------------------
+
+TRIGGER_TEXT = "lorem ipsum dolor " * 200  # a trigger of a few KB, which the page must not read
+
+
+def _open_approvals(count: int, creator: Any = None, start: int = 0, **waitpoint: Any) -> list[Run]:
+    """``count`` waiting runs with an open approval each, inserted in bulk (the page reads them; no
+    execution is needed), expiring in creation order."""
+    now = timezone.now()
+    runs = [
+        Run(
+            agent="approving",
+            status="waiting",
+            trigger={"id": None, "payload": {"message": TRIGGER_TEXT}, "keys": {}, "thread": None},
+            created_by=creator,
+        )
+        for _ in range(count)
+    ]
+    Run.objects.bulk_create(runs)
+    WaitPoint.objects.bulk_create(
+        WaitPoint(
+            run=run,
+            step_index=1,
+            tool_call_id=f"c{n}",
+            tool_name="refund",
+            input={"order_id": f"o-{start + n}", "amount_cents": 500},
+            expires_at=now + timedelta(hours=1, seconds=start + n),
+            **waitpoint,
+        )
+        for n, run in enumerate(runs)
+    )
+    return runs
+
+
+def _approvals_page(client: Client, query: str = "") -> tuple[str, list[str]]:
+    """The page's HTML and the SQL it ran."""
+    with CaptureQueriesContext(connection) as queries:
+        response = client.get(f"/chamvi/approvals/{query}")
+    assert response.status_code == 200
+    return response.content.decode(), [q["sql"] for q in queries.captured_queries]
+
+
+def _rows(content: str) -> list[str]:
+    return re.findall(r'<tr class="approval" data-approval-id="[^"]+" data-run-id="([^"]+)"', content)
+
+
+def test_the_approvals_page_is_paged_and_reads_the_same_few_columns_however_many_runs_wait():
+    approver = logged_in(make_user("approver", "approve_waitpoint"))
+    asker = make_user("asker")
+    first = _open_approvals(60, creator=asker)
+    content, sql = _approvals_page(approver)
+    assert _rows(content) == [r.pk for r in first[:50]], "the 50 soonest to expire, soonest first"
+    assert "60 waiting, page 1 of 2" in content and 'href="?page=2"' in content
+    assert "asker" in element(content, "approvals")
+    assert len(sql) <= 8, sql
+    assert not any('"trigger"' in q or '"output"' in q for q in sql), "no trigger or output is read"
+    content, _ = _approvals_page(approver, "?page=2")
+    assert _rows(content) == [r.pk for r in first[50:]]
+
+    _open_approvals(500, start=60)
+    content, more_sql = _approvals_page(approver)
+    assert len(_rows(content)) == 50 and "560 waiting, page 1 of 12" in content
+    assert len(more_sql) == len(sql), "as many statements for 560 waiting runs as for 60"
+    # A page past the last is the last; one that is not a number, the first.
+    assert _rows(_approvals_page(approver, "?page=99")[0]) == _rows(_approvals_page(approver, "?page=12")[0])
+    assert _rows(_approvals_page(approver, "?page=%00")[0]) == _rows(content)
+
+
+def test_a_user_who_may_decide_nothing_is_told_why_and_no_approval_is_read():
+    _open_approvals(60)
+    viewer = logged_in(make_user("viewer", "view_run"))
+    content, sql = _approvals_page(viewer)
+    assert _rows(content) == []
+    assert "You may not approve or deny tool calls" in element(content, "empty")
+    assert "chamvi_runs.approve_waitpoint" in content
+    assert not any("chamvi_runs_" in q for q in sql), sql
+
+
+def test_an_approver_with_nothing_waiting_is_told_so():
+    content, _ = _approvals_page(logged_in(make_user("approver", "approve_waitpoint")))
+    assert "No run is waiting for a decision you may take." in element(content, "empty")
+    assert 'id="pages"' not in content
+
+
+def test_the_approvals_page_says_who_asked():
+    asker = make_user("asker")
+    [mine] = _open_approvals(1, creator=asker)
+    [codes] = _open_approvals(1, start=1)
+    content, _ = _approvals_page(logged_in(make_user("approver", "approve_waitpoint")))
+    rows = dict(re.findall(r'data-run-id="([^"]+)".*?<td class="asked-by">(.*?)</td>', content, re.S))
+    assert rows[mine.pk].startswith("asker<br>") and "ago" in rows[mine.pk]
+    assert "no user (started by code)" in rows[codes.pk]
+    assert "approving" in content, "the agent"
+
+
+class CreatorDecidesPolicy(DefaultPolicy):
+    """A site policy that changes only ``can_decide``: a run's creator decides its approvals. It
+    inherits a ``decidable`` that would say "none" for users without the permission."""
+
+    def can_decide(self, user, run):
+        return user.is_authenticated and run.created_by_id == user.pk
+
+
+@pytest.mark.parametrize("policy", ["OwnRunsPolicy", "CreatorDecidesPolicy"])
+def test_a_policy_that_cannot_filter_in_the_query_is_asked_row_by_row_a_page_at_a_time(settings, policy):
+    settings.CHAMVI_RUNS = {**settings.CHAMVI_RUNS, "POLICY": f"{__name__}.{policy}"}
+    owner = make_user("owner")
+    _open_approvals(50)
+    mine = _open_approvals(3, creator=owner, start=50)  # expiring after the others: page 2
+    client = logged_in(owner)
+    content, _ = _approvals_page(client)
+    assert _rows(content) == []
+    assert "None of the approvals on this page is yours to decide." in content
+    assert 'href="?page=2"' in content and "of 2" not in content, "no count of others' approvals"
+    content, _ = _approvals_page(client, "?page=2")
+    assert _rows(content) == [r.pk for r in mine] and "Page 2" in content
+
+
+def test_pages_leave_out_the_site_link_where_the_site_serves_no_home_page(server, settings):
+    settings.ROOT_URLCONF = __name__
+    owner = make_user("owner", "approve_waitpoint")
+    run, _ = waiting_run(server, owner)
+    for content in (run_page(owner, run), page(owner, "/chamvi/approvals/")):
+        assert 'id="to-site"' not in content
+        assert 'id="to-approvals" href="/chamvi/approvals/"' in content
+
+
+# A site without a home page, as `django-admin startproject` makes one (ROOT_URLCONF of the test above).
+urlpatterns = [path("admin/", admin_site.urls), path("chamvi/", include("chamvi_runs.urls"))]
+
+
+# --- answers that stopped before their end ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ending", "status", "mark"),
+    [
+        (finish("length"), "completed", "— cut off: the answer reached the model's length limit"),
+        (error_event("overloaded"), "failed", "— stopped: the model call failed"),
+        (cut(graceful=True), "failed", "— cut off: the model's answer stopped before its end"),
+    ],
+    ids=["length", "error", "cut"],
+)
+def test_a_thread_page_marks_an_answer_that_stopped_before_its_end(server, settings, ending, status, mark):
+    # A retry would take the next scripted reply.
+    openai = {**settings.CHAMVI_RUNS["OPENAI"], "max_retries": 0}
+    settings.CHAMVI_RUNS = {**settings.CHAMVI_RUNS, "OPENAI": openai}
+    owner = make_user("owner")
+    server.script("m-basic", [Reply(text("All fine."), finish("stop"))])
+    execute(start_run("basic", "first", created_by=owner, thread="t"))
+    server.script("m-basic", [Reply(text("The answer is forty"), ending)])
+    run = execute(start_run("basic", "second", created_by=owner, thread="t"))
+    assert run.status == status
+    content = page(owner, "/chamvi/threads/t/")
+    steps = re.findall(r'<div class="bubble step">(.*?)</div></div>', content, re.S)
+    assert len(steps) == 2 and 'class="cut"' not in steps[0], "a complete answer has no mark"
+    assert steps[1].endswith(f'<div class="cut">{html.escape(mark, quote=True)}')
+    assert "The answer is forty" in steps[1]

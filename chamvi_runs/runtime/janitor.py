@@ -12,7 +12,7 @@ from ..agents.agent import registry
 from ..conf import conf
 from ..dispatch.doorbell import enqueue, waiting_jobs
 from ..errors import AgentNotFound, DecisionRefused
-from ..models import WaitPoint
+from ..models import Run, WaitPoint
 from ..store import queries
 from .lifecycle import announce_settled
 from .notifications import notify
@@ -23,18 +23,36 @@ logger = logging.getLogger(__name__)
 @dataclass
 class TickReport:
     enqueued: int = 0
+    """Runs put on the queue again: ``recovered`` of them had a claim whose lease expired, the
+    others' jobs were lost (queued, interrupted, or running and released, and quiet for a while)."""
+    recovered: int = 0
     expired: int = 0
+    """Open approvals past their expiry that were expired (the run goes on, or fails)."""
     notified: int = 0
+    """Notifications re-sent."""
+
+    @property
+    def requeued(self) -> int:
+        """Runs whose job was lost, put on the queue again."""
+        return self.enqueued - self.recovered
+
+    @property
+    def quiet(self) -> bool:
+        """Nothing was due: the tick did nothing."""
+        return not (self.enqueued or self.expired or self.notified)
 
 
 def tick_once() -> TickReport:
     report = TickReport()
     # The database is the truth; the queue is only a doorbell that may have been lost.
     waiting = waiting_jobs()
-    for run_id in queries.runs_to_enqueue(stale_after_seconds=conf.LEASE_SECONDS):
-        if run_id not in waiting:
-            enqueue(run_id)
-            report.enqueued += 1
+    due = [r for r in queries.runs_to_enqueue(stale_after_seconds=conf.LEASE_SECONDS) if r not in waiting]
+    if due:
+        # Told apart for the report only, before a worker claims one: both get the same doorbell.
+        report.recovered = Run.objects.filter(queries.lease_expired(), pk__in=due).count()
+    for run_id in due:
+        enqueue(run_id)
+    report.enqueued = len(due)
     for waitpoint in queries.expired_waitpoints():
         if _expire(waitpoint):
             report.expired += 1

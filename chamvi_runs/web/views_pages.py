@@ -9,8 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import messages
+from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import BadRequest
+from django.core.paginator import Paginator
+from django.db.models import F, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -20,7 +23,7 @@ from .. import api
 from ..core.states import TERMINAL, Status
 from ..core.storable import WHAT, unstorable
 from ..models import Run, Step, Thread, WaitPoint
-from ..policy import policy
+from ..policy import decidable_approvals, policy
 from ..store import queries
 from ..streaming.serializers import error_json, shows_internals
 from .approvals import decide
@@ -32,6 +35,20 @@ from .errors import ApiError
 THREAD_RUNS = THREAD_REPLAY_RUNS
 # How many of a run's latest steps its summary on a thread page carries.
 SUMMARY_STEPS = 100
+# The mark after a model's answer that ended before its end, by the finish reason its llm step
+# stored (None: the stream was cut before one came). render.js marks the live conversation alike.
+STOPPED: dict[str | None, str] = {
+    "length": "— cut off: the answer reached the model's length limit",
+    "content_filter": "— cut off by the provider's content filter",
+    "error": "— stopped: the model call failed",
+    None: "— cut off: the model's answer stopped before its end",
+}
+# Open approvals on one page of the approvals page.
+APPROVALS_PER_PAGE = 50
+# What the approvals page reads of an approval and its run (and its creator's name): a policy that
+# reads more of the run loads it for each of the page's rows.
+APPROVAL_COLUMNS: tuple[str, ...] = ("approval_id", "run", "tool_name", "input", "expires_at", "created_at")
+APPROVAL_COLUMNS += ("run__agent", "run__status", "run__created_by")
 
 
 def _posted(request: HttpRequest, name: str) -> str:
@@ -82,15 +99,43 @@ def approvals(request: HttpRequest) -> HttpResponse:
                 messages.success(request, f"Cancelled run {run.pk}; its approval of {tool} is cancelled.")
             else:
                 messages.success(request, f"Cancelled run {run.pk}.")
-        return redirect("chamvi_runs:approvals")
-    waiting = [
-        w
-        for w in WaitPoint.objects.select_related("run").filter(decision__isnull=True, run__status="waiting")
-        if policy().can_decide(request.user, w.run)
-    ]
-    cancellable = {w.run_id for w in waiting if policy().can_cancel(request.user, w.run)}
-    context = {"waitpoints": waiting, "cancellable": cancellable, "page": {"base": client_base()}}
-    return render(request, "chamvi_runs/approvals.html", context)
+        # Back to the page the form was on (its ?page=).
+        return redirect(request.get_full_path())
+    return render(request, "chamvi_runs/approvals.html", _approvals_context(request))
+
+
+def _open_approvals() -> QuerySet[WaitPoint]:
+    """Open approvals of waiting runs, soonest expiry first (those that need a decision first; none
+    without an expiry last), with only the columns the page shows: never a run's trigger or output."""
+    creator = f"run__created_by__{get_user_model().USERNAME_FIELD}"
+    return (
+        WaitPoint.objects.filter(decision__isnull=True, run__status=Status.WAITING)
+        .select_related("run", "run__created_by")
+        .only(*APPROVAL_COLUMNS, creator)
+        .order_by(F("expires_at").asc(nulls_last=True), "created_at", "pk")
+    )
+
+
+def _approvals_context(request: HttpRequest) -> dict[str, Any]:
+    """One page of the open approvals the user may decide. The policy's ``decidable`` filters them
+    in the query; a policy without one is asked ``can_decide`` for each row of a page of all of them
+    (``filtered``: a page may then show fewer rows, and its count is not the user's)."""
+    user, opened = request.user, _open_approvals()
+    decidable = decidable_approvals(user, opened)
+    paginator = Paginator(opened if decidable is None else decidable, APPROVALS_PER_PAGE)
+    page = paginator.get_page(request.GET.get("page"))
+    rows = list(page.object_list)
+    if decidable is None:
+        rows = [w for w in rows if policy().can_decide(user, w.run)]
+    return {
+        "waitpoints": rows,
+        "listing": page,
+        "filtered": decidable is None,
+        # The policy said "none of them" outright (DefaultPolicy without the permission).
+        "may_decide_none": decidable is not None and decidable.query.is_empty(),
+        "cancellable": {w.run_id for w in rows if policy().can_cancel(user, w.run)},
+        "page": {"base": client_base()},
+    }
 
 
 def client_base() -> str:
@@ -116,7 +161,8 @@ def _summary(run: Run) -> dict[str, Any]:
                 if input_id in payloads:
                     items.append({"kind": "input", "payload": payloads[input_id]})
             text, reasoning = output.get("text") or "", output.get("reasoning") or ""
-            items.append({"kind": "step", "text": text, "reasoning": reasoning})
+            stopped = STOPPED.get(output.get("finish_reason", ""), "")
+            items.append({"kind": "step", "text": text, "reasoning": reasoning, "stopped": stopped})
         elif step.kind == Step.Kind.TOOL:
             items.append({"kind": "tool-call", "name": step.name, "value": step.input})
             items.append(

@@ -67,6 +67,11 @@ export class FakeElement {
     this.parent.insertBefore(node, this.nextSibling);
   }
 
+  replaceWith(node) {
+    this.parent.insertBefore(node, this);
+    this.remove();
+  }
+
   remove() {
     if (!this.parent) return;
     this.parent.children.splice(this.parent.children.indexOf(this), 1);

@@ -7,7 +7,7 @@ import {tmpdir} from "node:os";
 import {join} from "node:path";
 import {pathToFileURL} from "node:url";
 
-import {FakeWebSocket, RUN_ID, SAMPLE, fakeFetch, jsonResponse, waitFor} from "./fakes.mjs";
+import {FakeWebSocket, RUN_ID, SAMPLE, fakeFetch, jsonResponse, numbered, waitFor} from "./fakes.mjs";
 import {fakeDocument, h, withGlobals} from "./dom.mjs";
 
 const ROOT = new URL("../../", import.meta.url);
@@ -60,9 +60,98 @@ test("the approvals page decides in place with its form's CSRF token where the c
   await waitFor(() => document.querySelector("ul.messages"), "the page's message");
   assert.equal(document.querySelector("ul.messages").textContent, `Approved: issue_refund of run ${RUN_ID}.`);
   assert.equal(document.querySelector("tr.approval"), null, "the decided row is gone");
+  assert.equal(document.querySelector("table"), null, "and its table with the last row");
+  assert.equal(document.querySelector("p.empty").textContent,
+    "Every approval on this page is decided: reload it for those still waiting.");
   assert.deepEqual(fetch.posts.map((p) => [p.url, p.body, p.headers["X-CSRFToken"]]), [
     ["/chamvi/api/approvals/apr_9XkQ/approve/", {reason: "photos checked"}, "approvals-token"],
   ]);
+});
+
+/** The run page (templates/chamvi_runs/run.html) following its run over Server-Sent Events, as a
+    browser without websockets does; `fetch` answers its commands. The module is imported afresh. */
+let runPages = 0;
+async function openRunPage(t, fetch) {
+  const document = fakeDocument(
+    h("span", {id: "status"}, "running"), h("span", {id: "error"}), h("div", {id: "log"}), h("div", {id: "waiting"}),
+    h("div", {id: "notice"}), h("ul", {id: "decisions"}, h("li", {class: "muted no-decisions"}, "none")),
+    h("div", {id: "controls"},
+      h("form", {id: "input-form"}, h("input", {type: "text", id: "input-text"})), h("button", {id: "cancel"})),
+    csrfField("run-page-token"),
+    pageJson({base: "/chamvi/", run_id: RUN_ID, status: "running", can_decide: false}),
+  );
+  t.after(withGlobals({document, fetch, WebSocket: undefined}));
+  runPages += 1;
+  await import(new URL(`chamvi_runs/static/chamvi_runs/run-page.js?page=${runPages}`, ROOT));
+  await waitFor(() => fetch.streams.length === 1, "the page's stream");
+  return document;
+}
+
+const notice = (document) => document.getElementById("notice").textContent;
+const END = {output: null, error: null, usage: {input_tokens: 1, output_tokens: 1}, inputs: [], decisions: []};
+
+test("the run page's notice of a requested cancel goes once the run has ended, and the cut text is marked", async (t) => {
+  const fetch = fakeFetch({onPost: (url) => (url.endsWith("/cancel/") ? {id: RUN_ID, status: "running"} : {})});
+  const document = await openRunPage(t, fetch);
+  const [stream] = fetch.streams;
+  stream.events(numbered(RUN_ID, 1, [
+    {type: "run.start", status: "running"},
+    {type: "step.start", step: 0, attempt: 1},
+    {type: "delta", step: 0, attempt: 1, kind: "text", text: "I am writing a long "},
+  ]));
+  await waitFor(() => document.getElementById("log").textContent === "I am writing a long ", "the text so far");
+  document.getElementById("cancel").dispatch("click");
+  await waitFor(() => notice(document) !== "", "the page's notice");
+  assert.equal(notice(document), "Cancel requested (the run is running).");
+  stream.events(numbered(RUN_ID, 4, [{type: "run.end", status: "cancelled", ...END}]));
+  await waitFor(() => document.getElementById("status").textContent === "cancelled", "the run's end");
+  assert.equal(notice(document), "", "no longer news: the status says it");
+  assert.equal(document.querySelector("#log .cut").textContent, "— stopped: the run was cancelled");
+  assert.equal(document.querySelector("#log .text").textContent, "I am writing a long ");
+});
+
+test("the run page's notice of a message sent goes once the run takes it, or says the run ended first", async (t) => {
+  let inputs = 0;
+  const fetch = fakeFetch({onPost: () => jsonResponse(202, {id: `inp_${++inputs}`, run_id: RUN_ID})});
+  const document = await openRunPage(t, fetch);
+  const [stream] = fetch.streams;
+  stream.events(numbered(RUN_ID, 1, [{type: "run.start", status: "running"}]));
+  const send = async (text) => {
+    document.getElementById("input-text").value = text;
+    document.getElementById("input-form").dispatch("submit");
+    await waitFor(() => notice(document) !== "", "the page's notice");
+    assert.equal(notice(document), "Sent: the run takes it before its next model call.");
+  };
+  await send("Use express shipping.");
+  stream.events(numbered(RUN_ID, 2, [{type: "input", step: 0, input_id: "inp_1", payload: "Use express shipping."}]));
+  await waitFor(() => notice(document) === "", "the notice to go once the conversation shows the message");
+  await send("And gift-wrap it.");
+  stream.events(numbered(RUN_ID, 3, [{type: "run.end", status: "completed", ...END}]));
+  await waitFor(() => document.getElementById("status").textContent === "completed", "the run's end");
+  assert.equal(notice(document), "The run ended before it took your message.");
+});
+
+test("a model's answer that stopped before its end is marked with why", async (t) => {
+  t.after(withGlobals({document: fakeDocument()}));
+  const {Conversation} = await import(new URL("chamvi_runs/static/chamvi_runs/render.js", ROOT));
+  const message = (finish_reason) => ({kind: "message", step: 0, attempt: 1, text: "The answer is forty", reasoning: "", finish_reason});
+  const ended = (status, code) => ({status, error: code ? {code, message: "x"} : null});
+  const cases = [
+    [message("stop"), null, null],
+    [message("tool_calls"), ended("cancelled"), null],
+    [message(null), null, null],  // still streaming
+    [message("length"), ended("completed"), "— cut off: the answer reached the model's length limit"],
+    [message("content_filter"), ended("completed"), "— cut off by the provider's content filter"],
+    [message("error"), ended("failed", "model_error"), "— stopped: the model call failed"],
+    [message(null), ended("failed", "incomplete_response"), "— cut off: the model's answer stopped before its end"],
+    [message(null), ended("failed", "timeout"), "— stopped: the run failed"],
+    [message(null), ended("cancelled"), "— stopped: the run was cancelled"],
+  ];
+  for (const [item, end, mark] of cases) {
+    const log = h("div", {id: "log"});
+    new Conversation(log).render({items: [item], end});
+    assert.equal(log.querySelector(".cut")?.textContent ?? null, mark, JSON.stringify([item.finish_reason, end]));
+  }
 });
 
 // chat.js imports "../chamvi_runs/client.js" as the site's static files lay it out: a copy of it

@@ -1,15 +1,37 @@
 """``manage.py chamvi_tick``: recover expired claims, re-enqueue lost jobs, expire approvals and
-re-send notifications. Loops by default; ``--once`` suits cron."""
+re-send notifications. Loops by default; ``--once`` suits cron.
+
+The loop says once what it works on (interval, queue, database), then one line per pass that did
+something, none for a quiet one; ``--once`` prints what its pass did, nothing included. ``-v 0``
+prints nothing, ``-v 2`` every pass."""
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
-from django.core.management.base import BaseCommand
-from django.db import close_old_connections
+from django.core.management.base import BaseCommand, CommandError
+from django.db import close_old_connections, connection
 
-from chamvi_runs.runtime.janitor import tick_once
+from chamvi_runs.conf import conf
+from chamvi_runs.runtime.janitor import TickReport, tick_once
+
+
+def summary(report: TickReport) -> str:
+    """What one pass did, in words: each count with what it counts."""
+    return (
+        f"recovered {report.recovered} expired claim(s), re-queued {report.requeued} lost job(s), "
+        f"expired {report.expired} approval(s), re-sent {report.notified} notification(s)"
+    )
+
+
+def _where() -> str:
+    """The queue and the database the passes work on (never a password)."""
+    db = connection.settings_dict
+    place = f"{db.get('HOST') or 'local socket'}{':' + str(db['PORT']) if db.get('PORT') else ''}"
+    executor = f'queue "{conf.QUEUE}"' if conf.EXECUTOR == "rq" else "the embedded executor"
+    return f'{executor}, database {connection.vendor} "{db.get("NAME")}" on {place}'
 
 
 class Command(BaseCommand):
@@ -19,14 +41,16 @@ class Command(BaseCommand):
         parser.add_argument("--once", action="store_true", help="Run one pass and exit (for cron).")
         parser.add_argument("--interval", type=float, default=5.0, help="Seconds between passes (default 5).")
 
-    def handle(self, *args: Any, once: bool, interval: float, **options: Any) -> None:
+    def handle(self, *args: Any, once: bool, interval: float, verbosity: int, **options: Any) -> None:
+        if not (interval > 0 and math.isfinite(interval)):
+            raise CommandError(f"--interval must be a number of seconds above 0, not {interval:g}")
+        if not once and verbosity > 0:
+            self.stdout.write(f"chamvi_tick: a pass every {interval:g} s on {_where()}. Ctrl-C stops it.")
         while True:
             close_old_connections()
             report = tick_once()
-            if options["verbosity"] > 1 or once:
-                self.stdout.write(
-                    f"enqueued {report.enqueued}, expired {report.expired}, notified {report.notified}"
-                )
+            if verbosity > 1 or (verbosity > 0 and (once or not report.quiet)):
+                self.stdout.write(summary(report))
             if once:
                 return
             time.sleep(interval)

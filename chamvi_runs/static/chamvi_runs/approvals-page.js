@@ -17,6 +17,16 @@ function say(kind, text) {
   messages().replaceChildren(el("li", kind, text));
 }
 
+// A decided row goes; the table with its last one, for the page's empty state.
+function drop(row) {
+  const table = row.closest("table");
+  row.remove();
+  if (table && !table.querySelector("tr.approval")) {
+    table.replaceWith(el("p", "empty", "Every approval on this page is decided: reload it for those still waiting."));
+    document.getElementById("listing")?.remove();
+  }
+}
+
 for (const form of document.querySelectorAll("tr.approval form")) {
   form.addEventListener("submit", (submit) => {
     const button = submit.submitter;
@@ -31,11 +41,11 @@ for (const form of document.querySelectorAll("tr.approval form")) {
     decideApproval(approvalId, button.value, options).then(
       () => {
         say("success", `${button.value === "approve" ? "Approved" : "Denied"}: ${row.dataset.toolName} of run ${row.dataset.runId}.`);
-        row.remove();
+        drop(row);
       },
       (error) => {
         say("error", `Not done (${error.code}): ${error.message}`);
-        if (["already_decided", "expired", "not_found"].includes(error.code)) row.remove();
+        if (["already_decided", "expired", "not_found"].includes(error.code)) drop(row);
         else for (const b of row.querySelectorAll("button")) b.disabled = false;
       },
     );

@@ -23,6 +23,25 @@ function note(className, title, body) {
   return box;
 }
 
+// The mark after a model's answer that ended before its end: by its step's finish reason (the
+// server's thread summaries use the same words, views_pages.STOPPED), or, for a step that never
+// finished, by how the run ended while it streamed.
+const STOPPED = {
+  length: "— cut off: the answer reached the model's length limit",
+  content_filter: "— cut off by the provider's content filter",
+  error: "— stopped: the model call failed",
+  cancelled: "— stopped: the run was cancelled",
+};
+const INCOMPLETE = "— cut off: the model's answer stopped before its end";
+const ENDED_MID_STEP = {cancelled: "— stopped: the run was cancelled", failed: "— stopped: the run failed"};
+
+export function stopMark(item, state) {
+  if (item.finish_reason) return STOPPED[item.finish_reason] || "";
+  if (!state.end) return "";
+  if (state.end.error?.code === "incomplete_response") return INCOMPLETE;
+  return ENDED_MID_STEP[state.end.status] || "";
+}
+
 export function decisionItem(d) {
   const li = el("li", "decision");
   li.dataset.approvalId = d.approval_id;
@@ -55,9 +74,11 @@ export class Conversation {
       box.dataset.attempt = item.attempt;
       setText(box.querySelector(".reasoning"), item.reasoning);
       setText(box.querySelector(".text"), item.text);
-      const cut = state.end && state.end.status === "cancelled" && item.finish_reason === null;
-      if (cut && !box.querySelector(".cut")) box.append(el("div", "cut", "— cut off here: the run was cancelled"));
-      if (!cut) box.querySelector(".cut")?.remove();
+      const mark = stopMark(item, state);
+      const shown = box.querySelector(".cut");
+      if (mark && !shown) box.append(el("div", "cut", mark));
+      else if (mark) setText(shown, mark);
+      else shown?.remove();
     } else if (item.kind === "input") {
       if (!nodes) {
         const box = el("div", "bubble input", asText(item.payload));

@@ -5,7 +5,17 @@ import {Conversation, decisionItem, el, pretty} from "./render.js";
 
 const page = JSON.parse(document.getElementById("chamvi-page").textContent);
 const $ = (id) => document.getElementById(id);
-const notice = (text) => { $("notice").textContent = text; };
+// A notice about the run's state lasts while that is true: `holds(state)` says whether it still is,
+// asked on every change of the run; `next(state)` is what replaces it then ("" clears it).
+let shown = null;
+function notice(text, holds = null, next = () => "") {
+  $("notice").textContent = text;
+  shown = holds ? {holds, next} : null;
+  recheck(client.state);
+}
+function recheck(state) {
+  if (shown && !shown.holds(state)) notice(shown.next(state));
+}
 // The template's {% csrf_token %}: the cookie may be out of a script's reach (CSRF_COOKIE_HTTPONLY,
 // CSRF_USE_SESSIONS), and commands go over HTTP once the client falls back to Server-Sent Events.
 const csrfToken = document.querySelector("input[name=csrfmiddlewaretoken]")?.value;
@@ -53,6 +63,7 @@ function render(state) {
   if (state.waiting && !decided.has(state.waiting.approval_id) && waitingBox()?.dataset.approvalId !== state.waiting.approval_id) {
     drawWaiting(state.waiting);
   }
+  recheck(state);
   if (state.end) {
     const error = state.end.error;
     $("error").textContent = error ? `${error.code}: ${error.message}` : "";
@@ -75,8 +86,11 @@ $("waiting").addEventListener("click", (click) => {
   const action = button.dataset.action;
   client[action]({approvalId: box.dataset.approvalId, reason: reason ? reason.value : ""}).then(
     () => {
+      const approvalId = box.dataset.approvalId;
       $("waiting").replaceChildren();
-      notice(`${action === "approve" ? "Approved" : "Denied"}: the run goes on.`);
+      // Until the run ends, or waits on another approval.
+      notice(`${action === "approve" ? "Approved" : "Denied"}: the run goes on.`,
+        (s) => !s.ended && (!s.waiting || s.waiting.approval_id === approvalId));
     },
     (error) => {
       refused(error);
@@ -90,13 +104,23 @@ $("input-form")?.addEventListener("submit", (submit) => {
   submit.preventDefault();
   const text = $("input-text");
   if (!text.value) return;
-  client.input(text.value).then(() => notice("Sent: the run takes it before its next model call."), refused);
+  const taken = (s, inputId) => s.items.some((item) => item.kind === "input" && item.input_id === inputId);
+  client.input(text.value).then(
+    // Until the conversation shows it, or the run ends without having taken it.
+    ({input_id: inputId}) => notice("Sent: the run takes it before its next model call.",
+      (s) => !s.ended && !taken(s, inputId),
+      (s) => (taken(s, inputId) ? "" : "The run ended before it took your message.")),
+    refused,
+  );
   text.value = "";
 });
 
 $("cancel")?.addEventListener("click", () => {
   client.cancel().then(
-    (ack) => notice(ack.status === "cancelled" ? "Cancelled." : `Cancel requested (the run is ${ack.status}).`),
+    // A requested cancel is news until the run ends: its status says the rest.
+    (ack) => (ack.status === "cancelled"
+      ? notice("Cancelled.")
+      : notice(`Cancel requested (the run is ${ack.status}).`, (s) => !s.ended)),
     refused,
   );
 });
