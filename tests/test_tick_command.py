@@ -11,12 +11,14 @@ from unittest import mock
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import OperationalError
 from django.db.models import DateTimeField, ExpressionWrapper, Value
 from django.db.models.functions import Now
 
 from chamvi_runs import start_run, store
 from chamvi_runs.agents.agent import registry
 from chamvi_runs.models import Run, WaitPoint
+from chamvi_runs.runtime.janitor import tick_once
 from tests.helpers import execute
 from tests.scripted_server import Reply, finish, tool_call
 
@@ -142,3 +144,29 @@ def test_the_loop_prints_nothing_with_verbosity_0(due):
 def test_an_interval_that_is_no_positive_number_of_seconds_is_refused(db, interval):
     with pytest.raises(CommandError, match="--interval must be a number of seconds above 0"):
         call_command("chamvi_tick", "--interval", interval)
+
+
+def test_a_pass_that_fails_is_reported_and_the_loop_goes_on(due, capsys):
+    """A pass that raises (the database restarting, Redis away) must not end the janitor: nothing
+    would recover runs until someone restarted it."""
+    real, calls = tick_once, []
+
+    def down_once():
+        calls.append(1)
+        if len(calls) == 1:
+            raise OperationalError("the database system is starting up")
+        return real()
+
+    err = io.StringIO()
+    with mock.patch("chamvi_runs.management.commands.chamvi_tick.tick_once", down_once):
+        out, sleeps = io.StringIO(), []
+
+        def sleep(seconds: float) -> None:
+            sleeps.append(seconds)
+            if len(sleeps) == 2:
+                raise Stop
+
+        with mock.patch(SLEEP, sleep), pytest.raises(Stop):
+            call_command("chamvi_tick", "--interval", "0.5", stdout=out, stderr=err)
+    assert "the database system is starting up" in err.getvalue()
+    assert out.getvalue().splitlines()[1:] == [DID_ALL], "the next pass did the work"

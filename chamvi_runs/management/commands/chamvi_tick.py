@@ -3,10 +3,12 @@ re-send notifications. Loops by default; ``--once`` suits cron.
 
 The loop says once what it works on (interval, queue, database), then one line per pass that did
 something, none for a quiet one; ``--once`` prints what its pass did, nothing included. ``-v 0``
-prints nothing, ``-v 2`` every pass."""
+prints nothing, ``-v 2`` every pass. A pass that fails (the database restarting) is logged and the
+loop goes on; with ``--once`` the command fails, so cron reports it."""
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from typing import Any
@@ -16,6 +18,8 @@ from django.db import close_old_connections, connection
 
 from chamvi_runs.conf import conf
 from chamvi_runs.runtime.janitor import TickReport, tick_once
+
+logger = logging.getLogger(__name__)
 
 
 def summary(report: TickReport) -> str:
@@ -48,9 +52,21 @@ class Command(BaseCommand):
             self.stdout.write(f"chamvi_tick: a pass every {interval:g} s on {_where()}. Ctrl-C stops it.")
         while True:
             close_old_connections()
-            report = tick_once()
-            if verbosity > 1 or (verbosity > 0 and (once or not report.quiet)):
-                self.stdout.write(summary(report))
+            try:
+                report = tick_once()
+            except Exception as exc:
+                if once:
+                    raise
+                # The database restarting or Redis away must not end the janitor: nothing would
+                # recover runs until someone started it again. The next pass tries again.
+                logger.exception("chamvi_tick: a pass failed")
+                self.stderr.write(
+                    f"chamvi_tick: the pass failed ({type(exc).__name__}: {exc}); next in {interval:g} s"
+                )
+                connection.close()
+            else:
+                if verbosity > 1 or (verbosity > 0 and (once or not report.quiet)):
+                    self.stdout.write(summary(report))
             if once:
                 return
             time.sleep(interval)
