@@ -19,18 +19,21 @@ from .policy import policy
 from .runtime.lifecycle import announce_settled
 
 
-def check_payload(payload: Any, what: str = "payload") -> None:
+def check_payload(payload: Any, what: str = "payload") -> int:
     """Raise InvalidPayload unless ``payload`` is JSON data within ``MAX_PAYLOAD_BYTES`` that
-    PostgreSQL can store: no NUL character or lone surrogate in any string or key (``core.storable``)."""
+    PostgreSQL can store: no NUL character or lone surrogate in any string or key (``core.storable``).
+    Returns its size: the bytes of its JSON, which every byte cap counts."""
     try:
         encoded = json.dumps(payload, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidPayload(f"{what} must be JSON data: {exc}") from None
     limit = conf.MAX_PAYLOAD_BYTES
-    if len(encoded.encode()) > limit:
+    size = len(encoded.encode())
+    if size > limit:
         raise InvalidPayload(f"{what} is larger than {limit} bytes", too_large=True)
     if unstorable(payload):
         raise InvalidPayload(f"{what} must not contain {WHAT}")
+    return size
 
 
 def check_name(value: Any, what: str) -> None:
@@ -137,9 +140,17 @@ def deny(approval_id: str, *, by: Any = None, reason: str = "", token: str | Non
 
 
 def send_input(run_id: str, payload: Any) -> RunInput:
-    """Steer an active run: ``payload`` becomes a user message before its next model call."""
+    """Steer an active run: ``payload`` becomes a user message before its next model call. Raises
+    InvalidPayload, RunNotFound, DecisionRefused (``run_settled``), or InputRefused: the run took
+    ``MAX_INPUTS`` inputs (``too_many_inputs``), or its inputs not yet taken by a model call would
+    pass ``MAX_PENDING_INPUT_BYTES`` (``inputs_pending``)."""
     if payload is None:
         raise InvalidPayload("payload is required: null is not an input")
-    check_payload(payload)
-    item = store.add_input(run_id, payload)
-    return item
+    size = check_payload(payload)
+    return store.add_input(
+        run_id,
+        payload,
+        size=size,
+        max_inputs=conf.MAX_INPUTS,
+        max_pending_bytes=conf.MAX_PENDING_INPUT_BYTES,
+    )

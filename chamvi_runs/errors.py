@@ -39,6 +39,16 @@ class ArtifactNotFound(ChamviError):
     pass
 
 
+class InputRefused(ChamviError):
+    """A steering input over its run's caps, stored nowhere. ``code``: ``too_many_inputs`` (the run
+    took ``MAX_INPUTS`` already; final) or ``inputs_pending`` (``MAX_PENDING_INPUT_BYTES`` of input
+    wait for the run's next model call; send it once that call has taken them)."""
+
+    def __init__(self, message: str, *, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class DecisionRefused(ChamviError):
     """An approval was already decided, expired, or is unknown."""
 

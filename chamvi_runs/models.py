@@ -255,6 +255,13 @@ class RunInput(models.Model):
     payload = models.JSONField()
     created_at = models.DateTimeField(auto_now_add=True)
     consumed_step = models.PositiveIntegerField(null=True, blank=True)
+    # Null for inputs an older release stored while the new one was rolled out (store.steering
+    # measures those by their stored text).
+    size = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Bytes of the payload as JSON, as MAX_PENDING_INPUT_BYTES counts them.",
+    )
 
     class Meta:
         ordering = ["created_at", "id"]

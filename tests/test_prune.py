@@ -30,7 +30,7 @@ from chamvi_runs.models import (
     WaitPoint,
 )
 from chamvi_runs.runtime.artifacts import save_artifact
-from chamvi_runs.store import pruning
+from chamvi_runs.store import pruning, references
 from tests.helpers import execute
 from tests.scripted_server import Reply, finish, text, tool_call
 
@@ -281,8 +281,8 @@ def test_the_portable_reference_scan_finds_what_postgresql_finds(server, media):
     start_run("basic", "three", attachments=[artifacts[2]])
     expected = {a.pk for a in artifacts}
     assert connection.vendor == "postgresql"
-    assert pruning.referenced_artifacts(Run.objects.all()) == expected
-    assert pruning.scan_references(Run.objects.all()) == expected
+    assert references.referenced_artifacts(Run.objects.all()) == expected
+    assert references.scan_references(Run.objects.all()) == expected
 
 
 def test_dry_run_reports_what_a_real_run_deletes_and_changes_nothing(server, media):

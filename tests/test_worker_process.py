@@ -4,17 +4,22 @@ drain on SIGTERM, and recovery after SIGKILL."""
 from __future__ import annotations
 
 import signal
+import threading
 from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db import connection
+from django.db.models.functions import Now
 
 from chamvi_runs import cancel_run, start_run
-from chamvi_runs.models import Run, Step
+from chamvi_runs.models import EffectRecord, Run, Step
 from chamvi_runs.runtime.janitor import tick_once
 from tests.helpers import events, expire_lease
 from tests.processes import WorkerProcess, wait_for, worker_env
 from tests.scripted_server import Reply, delay, finish, text, tool_call, usage
+from tests.testapp.models import Refund
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 
@@ -236,3 +241,68 @@ def test_sigterm_drains_every_execution_of_a_concurrent_worker(server, spawned):
         lambda: "resumed on another worker\n" + second.output(),
     )
     assert {Run.objects.get(pk=r.pk).output for r in runs} == {"resumed answer"}
+
+
+def _db_now() -> Any:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement_timestamp()")
+        return cursor.fetchone()[0]
+
+
+def test_an_effect_tool_longer_than_the_lease_stalls_no_lease_of_its_worker_and_no_cancel(
+    server, spawned, tmp_path, settings
+):
+    """Two runs in one worker: one inside an effect tool, one inside a plain tool, both held by the
+    test past a whole lease. The worker's one renewal statement keeps both leases live throughout,
+    and a cancel of the effect's run returns while the effect is still inside its tool."""
+    lease = settings.CHAMVI_RUNS["LEASE_SECONDS"]
+    refund = tool_call("c1", "gated_refund", '{"order_id": "o-1", "amount_cents": 500}')
+    server.script("m-gated_effects", [Reply(refund, finish("tool_calls"))])
+    wait = tool_call("c1", "gated_wait", "{}")
+    server.script("m-gated", [Reply(wait, finish("tool_calls")), Reply(text("done"), finish("stop"))])
+    env = worker_env(server.base_url, CHAMVI_CONCURRENCY="2", CHAMVI_TEST_GATE=str(tmp_path))
+    worker = WorkerProcess(env)
+    spawned.append(worker)
+    effect, other = start_run("gated_effects", "refund o-1"), start_run("gated", "wait")
+    runs = Run.objects.filter(pk__in=[effect.pk, other.pk])
+    wait_for(
+        lambda: all((tmp_path / f"{r.pk}.inside").exists() for r in (effect, other)),
+        30,
+        lambda: "both tools to be inside\n" + worker.output(),
+    )
+    until = _db_now() + timedelta(seconds=lease + 1)
+
+    def leases_live_past_a_whole_lease() -> bool:
+        expired = list(runs.filter(claim_expires_at__lte=Now()).values_list("pk", flat=True))
+        assert not expired, f"leases ran out while an effect tool ran: {expired}\n{worker.output()}"
+        return _db_now() > until
+
+    wait_for(leases_live_past_a_whole_lease, lease * 3, "the database's clock to pass a whole lease")
+    cancelled: dict[str, str] = {}
+
+    def cancel() -> None:
+        try:
+            cancelled["status"] = cancel_run(effect.pk)
+        finally:
+            connection.close()
+
+    canceller = threading.Thread(target=cancel)
+    canceller.start()
+    # Bounded by the tool, which stays inside until the gate opens below.
+    wait_for(lambda: "status" in cancelled, 10, "the cancel to return while the effect tool is inside")
+    assert cancelled["status"] == "running"
+    aborted = tmp_path / f"{effect.pk}.aborted"
+    wait_for(aborted.exists, 10, lambda: "the execution to see the cancel\n" + worker.output())
+    (tmp_path / "open").touch()
+    canceller.join(10)
+    wait_for(
+        lambda: set(runs.values_list("status", flat=True)) <= {"completed", "cancelled"},
+        30,
+        lambda: f"both runs to settle: {list(runs.values_list('pk', 'status'))}\n{worker.output()}",
+    )
+    assert Run.objects.get(pk=effect.pk).status == "cancelled"
+    assert Refund.objects.count() == 1 and EffectRecord.objects.filter(run=effect.pk).count() == 1
+    other.refresh_from_db()
+    assert (other.status, other.output, other.attempt) == ("completed", "done", 1)
+    assert len(server.requests_for("m-gated")) == 2 and len(server.requests_for("m-gated_effects")) == 1
+    assert runs.filter(attempt=1).count() == 2, "no run was claimed twice"

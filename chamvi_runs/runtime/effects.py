@@ -1,9 +1,12 @@
 """Effect tools: the side effect runs at most once per run and tool call.
 
-The record and the tool's own Django writes share one transaction, taken with the run row locked
-under the current claim: a Django write is therefore exactly once, and a stale worker (lost lease)
-runs nothing. For calls to the outside world, ``ctx.idempotency_key`` is stable across re-executions
-of the same step so the remote API can deduplicate; see docs/effects.md for each crash point.
+The record and the tool's own Django writes share one transaction, which takes the run's effect
+lock and checks the claim first (``store.lock_for_effect``) and renews the lease, fenced on the
+claim, last: a Django write is therefore exactly once, a stale worker (lost lease) runs nothing, and
+no other execution claims the run while the tool runs. The run row is not locked meanwhile: the
+lease keeper renews every lease of the process and a cancel lands at once, however long the tool.
+For calls to the outside world, ``ctx.idempotency_key`` is stable across re-executions of the same
+step so the remote API can deduplicate; see docs/effects.md for each crash point.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from django.db import transaction
 from .. import store
 from ..agents.agent import RunContext
 from ..agents.tools import Tool, to_jsonable
+from ..conf import conf
 from ..core.faults import crash_point
 from ..core.records import Claim
 from ..core.storable import storable
@@ -50,6 +54,11 @@ def run_effect(claim: Claim, tool: Tool, ctx: RunContext, arguments: dict[str, A
             logger.info("effect tool %s raised", tool.name, exc_info=True)
             error = f"{type(exc).__name__}: {exc}"
         store.record_effect(claim, key, tool.name, to_jsonable(arguments), output, error)
+        # The fence, checked again with the row locked until the commit; and a full lease from
+        # now, so a tool longer than the lease does not commit into a lease that just ran out.
+        if not store.renew(claim, conf.LEASE_SECONDS):
+            # Rolls back the record and the tool's writes: they commit under this claim or not at all.
+            raise LeaseLostError(f"run {claim.run_id}: claim lost while an effect tool ran")
     crash_point("after_effect_record")
     return output, error
 

@@ -4,7 +4,11 @@ signal when any of them says stop. When to do what is ``core.lease.LeaseClock``'
 
 One thread and one connection serve all executions: a worker executing ``CONCURRENCY`` runs sends
 one cancel read per poll and one renewal statement per heartbeat for all of them, not one of each
-per run (and one connection, not one more per run).
+per run (and one connection, not one more per run). So no statement of the keeper may wait on a
+lock an execution holds, or one execution would stall the leases of all the others: cancels are
+read without a lock, a renewal passes over the rows another transaction holds for a moment
+(``store.renew_many``), and an effect tool locks no run row while it runs
+(``store.lock_for_effect``).
 """
 
 from __future__ import annotations

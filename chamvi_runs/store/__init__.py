@@ -1,7 +1,8 @@
 """The only writer of run state. Every conditional write lives in this package and says whether it
 applied: ``True``/``False`` (the docstring says what False means), or the row written / ``None``.
 A write raises only for a caller's mistake it must show (an unknown id, a decided approval, a bad
-token: ``RunNotFound``, ``DecisionRefused``), never to say that a fence refused it.
+token, an input over its run's caps: ``RunNotFound``, ``DecisionRefused``, ``InputRefused``), never
+to say that a fence refused it.
 
 Rules of ownership, on one screen:
 
@@ -15,11 +16,18 @@ Rules of ownership, on one screen:
 - Lease expiry is computed by the database clock, never the worker's.
 - Steps, checkpoint and usage of one model call are written in one transaction, whose first
   statement is the fenced update of the run row: that row lock also orders it against claims.
-- Lock order: the run row, then its wait point.
+- Lock order: a Thread row, then the run row, then its wait point. A run is inserted in a thread
+  only with the Thread row locked (``thread_for``), and the prune deletes a thread, or the runs
+  holding its history, only with that row locked (SKIP LOCKED, so it never waits, whatever it
+  holds): a run being started never loses its thread.
+- An effect tool's transaction holds the run's effect lock (``fence.effect_lock``, advisory), never
+  its row, while the tool runs, and renews the lease, fenced, just before its commit. Claims and
+  cancels only try that lock, and the lease keeper never touches it nor waits on a row
+  (``renew_many``): on PostgreSQL no one waits for an effect tool.
 
 Modules: ``claims`` (claim, renew, count a model call), ``progress`` (steps, waits, settles),
 ``steering`` (cancel, input, decisions), ``creating``, ``notifying``, ``effects``, ``pruning``
-(retention: ``manage.py chamvi_prune``); ``queries`` holds
+(retention: ``manage.py chamvi_prune``, with ``references``: the artifacts runs still use); ``queries`` holds
 the read-only selections and ``fence`` the SQL pieces the writes share. This module is the face the
 runtime talks to: it satisfies ``core.ports.Store``.
 """

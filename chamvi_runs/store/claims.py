@@ -14,7 +14,7 @@ from ..core.records import Claim
 from ..core.states import CLAIMABLE, Status
 from ..core.types import NO_USAGE, Usage
 from ..models import Run, RunInput
-from .fence import held, in_seconds, to, update_held, waits_for_elder
+from .fence import effect_lock, held, in_seconds, to, update_held, waits_for_elder
 from .queries import pending_inputs
 
 
@@ -30,7 +30,8 @@ def _blocked(run: Run) -> bool:
 
 def claim(run_id: str, owner: str, lease_seconds: float) -> Claim | None:
     """Take the run for one execution. None: it is terminal, waiting, held by a live lease, locked
-    by a concurrent claimer, or blocked by its concurrency key or thread."""
+    by a concurrent claimer, blocked by its concurrency key or thread, or (PostgreSQL) an effect
+    tool of an earlier execution is still inside its transaction (``fence.effect_lock``)."""
     with transaction.atomic():
         free = Q(claim_owner__isnull=True) | Q(claim_expires_at__lt=Now())
         run = (
@@ -53,6 +54,10 @@ def claim(run_id: str, owner: str, lease_seconds: float) -> Claim | None:
         if run is None:
             return None
         if run.status == Status.QUEUED and _blocked(run):
+            return None
+        # Tried, never waited for: held until this claim commits, so an effect that starts meanwhile
+        # waits for it and then finds its own claim gone.
+        if connection.vendor == "postgresql" and not effect_lock(run_id, wait=False):
             return None
         # A running run keeps its status (no transition); any other becomes running, as the
         # table allows.
@@ -93,11 +98,52 @@ def renew(claim: Claim, lease_seconds: float, *, usage: Usage = NO_USAGE) -> boo
     return update_held(claim, claim_expires_at=in_seconds(lease_seconds), **extra)
 
 
+# Rows another transaction holds are passed over (SKIP LOCKED), never waited for: a step's write,
+# a cancel or an input holds a run row for a moment (and a site's transaction around send_input for
+# as long as it lasts); one execution's row must not hold up the renewal of every other.
+_RENEW_MANY = """
+WITH mine (id, owner, attempt) AS (
+    SELECT * FROM unnest(%s::varchar[], %s::varchar[], %s::integer[])
+), held AS (
+    SELECT r.id FROM {run} r JOIN mine ON r.id = mine.id
+    WHERE r.status = %s AND r.claim_owner = mine.owner AND r.attempt = mine.attempt
+), locked AS (
+    SELECT r.id FROM {run} r JOIN mine ON r.id = mine.id
+    WHERE r.status = %s AND r.claim_owner = mine.owner AND r.attempt = mine.attempt
+    FOR UPDATE OF r SKIP LOCKED
+), renewed AS (
+    UPDATE {run} SET claim_expires_at = statement_timestamp() + make_interval(secs => %s)
+    WHERE id IN (SELECT id FROM locked)
+)
+SELECT id FROM held
+"""
+
+
 def renew_many(claims: Sequence[Claim], lease_seconds: float) -> set[str]:
     """Extend the leases of every claim in one statement (a worker process's lease keeper keeps all
-    its executions' claims). Returns the run ids still held; the others' claims are lost."""
+    its executions' claims). Returns the run ids still held; the others' claims are lost.
+
+    On PostgreSQL it waits on no lock: a row another transaction holds right now keeps its lease as
+    it was this time (the next heartbeat renews it), and counts as held when its claim is, since
+    the claim is what that row says when the statement begins. A lease is several heartbeats long."""
     if not claims:
         return set()
+    if connection.vendor == "postgresql":
+        sql = _RENEW_MANY.format(run=Run._meta.db_table)
+        running = Status.RUNNING.value
+        with connection.cursor() as cursor:
+            cursor.execute(
+                sql,
+                [
+                    [one.run_id for one in claims],
+                    [one.owner for one in claims],
+                    [one.attempt for one in claims],
+                    running,
+                    running,
+                    float(lease_seconds),
+                ],
+            )
+            return {row[0] for row in cursor.fetchall()}
     fence = Q(pk__in=[])
     for one in claims:
         fence |= held(one)

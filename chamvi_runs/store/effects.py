@@ -4,17 +4,27 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import connection
+
 from ..core.records import Claim
 from ..core.storable import storable
 from ..models import EffectRecord, Run
-from .fence import held
+from .fence import effect_lock, held
 
 
 def lock_for_effect(claim: Claim) -> bool:
-    """Inside the effect's atomic block: lock the run row while the claim holds it, so the effect,
-    its record and the tool's own writes commit under this claim or not at all. False: the claim is
-    lost, and the tool must not run."""
-    return Run.objects.select_for_update().filter(held(claim)).exists()
+    """First in the effect's atomic block: take the run's effect lock (``fence.effect_lock``), then
+    check that the claim still holds the run. No claim is taken while the lock is held, so no other
+    execution runs the tool meanwhile; the caller renews the lease, fenced, right before its commit
+    (``claims.renew``), so the effect, its record and the tool's own writes commit under this claim
+    or not at all. False: the claim is lost, and the tool must not run.
+
+    SQLite has no such lock: there the transaction (``IMMEDIATE``) holds the database's write lock
+    until it commits, and every other write waits for the tool."""
+    if connection.vendor == "postgresql":
+        effect_lock(claim.run_id, wait=True)
+    # A statement of its own, after the lock: its snapshot sees a claim committed while it waited.
+    return Run.objects.filter(held(claim)).exists()
 
 
 def effect_record(run_id: str, key: str) -> EffectRecord | None:
@@ -23,7 +33,7 @@ def effect_record(run_id: str, key: str) -> EffectRecord | None:
 
 
 def record_effect(claim: Claim, key: str, tool_name: str, tool_input: Any, output: Any, error: str) -> None:
-    """Inside the block that holds ``lock_for_effect``: a second record of a key is an IntegrityError."""
+    """Inside the block that took ``lock_for_effect``: a second record of a key is an IntegrityError."""
     EffectRecord.objects.create(
         run_id=claim.run_id,
         key=key,

@@ -1,11 +1,12 @@
 """The SQL pieces every conditional write is built from: the fence of a claim, the legal sources of
-a transition, and times taken from the database's clock."""
+a transition, times taken from the database's clock, and a run's effect lock."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 from typing import Any
 
+from django.db import connection
 from django.db.models import DateTimeField, Exists, ExpressionWrapper, OuterRef, Q, Value
 from django.db.models.functions import Now
 
@@ -63,3 +64,21 @@ def waits_for_elder(field_name: str) -> Exists:
             | (Q(status=Status.QUEUED) & elder)
         )
     )
+
+
+# The first key of chamvi_runs's advisory locks ("chmv"); the second is the hash of the run id. Two
+# runs whose ids hash alike share one lock: an effect of one delays the other's effect or claim,
+# which costs time, never a guarantee.
+EFFECT_LOCK_KEY = 0x63686D76
+
+
+def effect_lock(run_id: str, *, wait: bool) -> bool:
+    """PostgreSQL, inside a transaction: the run's effect lock, an advisory lock held until the
+    transaction ends. An effect tool takes it waiting (``wait``); a claim or a cancel only tries
+    it, and False means an effect of the run is in flight. The run row is not locked: lease
+    renewals and cancels, which update that row, never wait for an effect tool."""
+    function = "pg_advisory_xact_lock" if wait else "pg_try_advisory_xact_lock"
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {function}(%s, hashtext(%s))", [EFFECT_LOCK_KEY, run_id])
+        (taken,) = cursor.fetchone()
+    return wait or bool(taken)

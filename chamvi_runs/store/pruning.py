@@ -11,8 +11,6 @@ selections and measures, and writes nothing.
 
 from __future__ import annotations
 
-import json
-import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,17 +23,13 @@ from django.db.models import Count, Exists, Model, OuterRef, Q, QuerySet
 from django.db.models.functions import Coalesce
 from django.db.models.lookups import LessThan
 
-from ..core.messages import ARTIFACT_SCHEME
 from ..core.states import TERMINAL, Status
 from ..models import Artifact, Checkpoint, EffectRecord, Run, RunInput, Step, Thread, WaitPoint
 from .fence import db_now_plus
+from .references import attached, referenced_artifacts
 
 CHILDREN: tuple[type[Model], ...] = (Step, Checkpoint, WaitPoint, RunInput, EffectRecord)
 MODELS: tuple[str, ...] = ("Run", *(m.__name__ for m in CHILDREN), "Thread", "Artifact")
-
-# An artifact id in the JSON text of a history ends with the JSON string that holds it. Both
-# Python's re and PostgreSQL's regular expressions read it alike (the scheme has no metacharacter).
-REFERENCE = ARTIFACT_SCHEME + r'([^"\\]+)'
 
 # A run started with an old attachment while the prune scans: its transaction began before the
 # scan and committed after it, so its created_at (its transaction's start) may precede the scan.
@@ -233,6 +227,8 @@ def _prune_runs(retention: Retention, report: PruneReport, batch_size: int) -> N
                 return
             batch.rows = len(ids)
             after = ids[-1]
+            if retention.threads and not report.dry_run:
+                ids = _outside_busy_threads(ids)
             sizes = _measure_runs(ids)
             if report.dry_run:
                 gone = set(ids)
@@ -249,6 +245,20 @@ def _prune_runs(retention: Retention, report: PruneReport, batch_size: int) -> N
             for (name, run_id), (rows, size) in sizes.items():
                 if run_id in gone:
                     report.add(name, rows, size)
+
+
+def _outside_busy_threads(ids: list[str]) -> list[str]:
+    """``ids`` less the runs of threads whose row another transaction holds: a run is being started
+    in that thread (``creating.thread_for``), and it continues from the history these runs carry.
+    The other threads' rows stay locked until the batch commits, so no run starts in them before the
+    delete re-checks that none did."""
+    names = set(Run.objects.filter(pk__in=ids, thread__isnull=False).values_list("thread", flat=True))
+    rows = Thread.objects.filter(name__in=names)
+    free = set(rows.select_for_update(skip_locked=True).values_list("name", flat=True))
+    busy = set(rows.values_list("name", flat=True)) - free
+    if not busy:
+        return ids
+    return list(Run.objects.filter(pk__in=ids).exclude(thread__in=busy).values_list("pk", flat=True))
 
 
 def _measure_runs(ids: list[str]) -> dict[tuple[str, str], tuple[int, int]]:
@@ -296,7 +306,9 @@ def _prune_threads(
 ) -> None:
     """Thread rows older than the cutoff that no (remaining) run names. The rows are locked (SKIP
     LOCKED) before the delete checks, in a statement of its own and so with a fresh snapshot, that
-    no run names them: a run committed in the thread meanwhile keeps its row."""
+    no run names them: a run committed in the thread meanwhile keeps its row. A run is inserted in a
+    thread only under its row's lock (``creating.thread_for``): one being started is passed over,
+    and one that starts after the lock waits for this batch, then creates the row afresh."""
     empty = Thread.objects.filter(created_at__lt=retention.cutoff()).exclude(
         Exists(remaining.filter(thread=OuterRef("name")))
     )
@@ -327,7 +339,7 @@ def _prune_artifacts(
         with _Batch(report) as timed, _transaction(not report.dry_run):
             # Runs started since the scan may have attached one of these: they keep it.
             since = timedelta(seconds=time.monotonic() - scan_started) + START_MARGIN
-            fresh = _attached(Run.objects.filter(created_at__gte=db_now_plus(-since)))
+            fresh = attached(Run.objects.filter(created_at__gte=db_now_plus(-since)))
             batch = old.filter(pk__in=doomed[start : start + batch_size]).exclude(pk__in=fresh)
             if not report.dry_run:
                 batch = batch.select_for_update(skip_locked=True)
@@ -358,54 +370,3 @@ def _delete_files(names: list[str]) -> list[str]:
         except Exception as exc:
             errors.append(f"{name}: {exc}")
     return errors
-
-
-def referenced_artifacts(runs: QuerySet[Run]) -> set[str]:
-    """Ids of the artifacts that ``runs`` reference: in their trigger's attachments (a run no
-    execution started yet) and in their checkpoint's history (what later executions and the
-    thread's next runs read). Steps, inputs, wait points and effect records hold no reference: tool
-    arguments and results and steering inputs reach the model as text, never as file parts."""
-    if connection.vendor == "postgresql":
-        return _referenced_postgres(runs)
-    return scan_references(runs)
-
-
-def scan_references(runs: QuerySet[Run]) -> set[str]:
-    """``referenced_artifacts`` on any database: the histories read one by one, with the regular
-    expression PostgreSQL applies in one statement."""
-    refs = _attached(runs)
-    histories = Checkpoint.objects.filter(run__in=runs).values_list("messages", flat=True)
-    for messages in histories.iterator(chunk_size=200):
-        refs.update(re.findall(REFERENCE, json.dumps(messages, ensure_ascii=False)))
-    return refs
-
-
-def _attached(runs: QuerySet[Run]) -> set[str]:
-    refs: set[str] = set()
-    for attachments in runs.values_list("trigger__attachments", flat=True).iterator(chunk_size=500):
-        if isinstance(attachments, list):
-            refs.update(str(a["id"]) for a in attachments if isinstance(a, dict) and "id" in a)
-    return refs
-
-
-def _referenced_postgres(runs: QuerySet[Run]) -> set[str]:
-    """One statement: a regular expression over each history's JSON text, and the ids of each
-    trigger's attachments. The runs are selected once for both halves (MATERIALIZED: a dry run's
-    selection of what would remain is the costly part)."""
-    subquery, params = runs.order_by().values("pk").query.sql_with_params()
-    checkpoint = connection.ops.quote_name(Checkpoint._meta.db_table)
-    run = connection.ops.quote_name(Run._meta.db_table)
-    sql = f"""
-        WITH kept (id) AS MATERIALIZED ({subquery})
-        SELECT m[1] FROM {checkpoint} c JOIN kept ON kept.id = c.run_id
-        CROSS JOIN LATERAL regexp_matches(c.messages::text, %s, 'g') m
-        UNION
-        SELECT a ->> 'id' FROM {run} r JOIN kept ON kept.id = r.id
-        CROSS JOIN LATERAL jsonb_array_elements(
-            CASE jsonb_typeof(r.trigger -> 'attachments') WHEN 'array' THEN r.trigger -> 'attachments'
-            ELSE '[]'::jsonb END) a
-        WHERE a ->> 'id' IS NOT NULL
-    """
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, REFERENCE])
-        return {row[0] for row in cursor.fetchall()}

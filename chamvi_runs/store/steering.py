@@ -8,29 +8,34 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from django.db import transaction
-from django.db.models import Q
-from django.db.models.functions import Now
+from django.db import connection, transaction
+from django.db.models import Count, Q, Sum, TextField
+from django.db.models.functions import Cast, Coalesce, Length, Now
 
 from ..core.decisions import CLOSED_BY
 from ..core.messages import tool_result
 from ..core.records import hash_token
 from ..core.states import TERMINAL, Status
 from ..core.storable import storable
-from ..errors import DecisionRefused, RunNotFound
+from ..errors import DecisionRefused, InputRefused, RunNotFound
 from ..models import Checkpoint, Run, RunInput, WaitPoint
-from .fence import to
+from .fence import effect_lock, to
 from .progress import cancel_open_approval, close_history_of, write_checkpoint
 
 
 def cancel(run_id: str, *, by: Any = None) -> bool:
-    """Cancel from any process. True: this call settled the run ``cancelled`` (no worker held it),
-    and its caller announces the settle. False: a worker holds it and now aborts it within about a
-    second (``cancel_requested`` is set), or it had already settled. Raises RunNotFound. ``by`` is
+    """Cancel from any process, never waiting for an effect tool. True: this call settled the run
+    ``cancelled`` (no worker held it), and its caller announces the settle. False: a worker holds
+    it (a live lease, or an effect tool in flight) and now aborts it within about a second
+    (``cancel_requested`` is set), or it had already settled. Raises RunNotFound. ``by`` is
     recorded as the one who decided the open approval, if any."""
     with transaction.atomic():
-        unheld = Q(claim_owner__isnull=True) | Q(claim_expires_at__lt=Now())
-        if Run.objects.filter(to(Status.CANCELLED), unheld, pk=run_id).update(
+        at_once = to(Status.CANCELLED) & (Q(claim_owner__isnull=True) | Q(claim_expires_at__lt=Now()))
+        # An effect tool in flight holds a running run as a live lease does, even past its lease:
+        # its execution settles the cancel once the effect has committed. Tried, never waited for.
+        if connection.vendor == "postgresql" and not effect_lock(run_id, wait=False):
+            at_once &= ~Q(status=Status.RUNNING)
+        if Run.objects.filter(at_once, pk=run_id).update(
             status=Status.CANCELLED,
             cancel_requested=True,
             claim_owner=None,
@@ -50,16 +55,41 @@ def cancel(run_id: str, *, by: Any = None) -> bool:
     return False
 
 
-def add_input(run_id: str, payload: Any) -> RunInput:
-    """Queue ``payload`` for the run's next model call. Raises RunNotFound, or DecisionRefused
-    (``run_settled``) when the run takes no more input."""
+# An input stored by a release that did not record its size is measured by its stored text.
+_SIZE = Coalesce("size", Length(Cast("payload", TextField())))
+
+
+def add_input(run_id: str, payload: Any, *, size: int, max_inputs: int, max_pending_bytes: int) -> RunInput:
+    """Queue ``payload`` (``size`` bytes as JSON) for the run's next model call. Raises RunNotFound;
+    DecisionRefused (``run_settled``) when the run takes no more input; InputRefused
+    (``too_many_inputs``) when the run has ``max_inputs`` already, or (``inputs_pending``) when the
+    inputs no model call has taken yet would pass ``max_pending_bytes`` with this one. A refused
+    input is not stored."""
     with transaction.atomic():
         run = Run.objects.select_for_update().filter(pk=run_id).only("status").first()
         if run is None:
             raise RunNotFound(run_id)
         if run.status in TERMINAL:
             raise DecisionRefused(f"run {run_id} is {run.status}; it takes no more input", code="run_settled")
-        return RunInput.objects.create(run_id=run_id, payload=payload)
+        # Counted under the run row's lock: of two inputs racing for the last slot, the second
+        # counts the first.
+        taken = RunInput.objects.filter(run_id=run_id).aggregate(
+            inputs=Count("pk"), pending=Sum(_SIZE, filter=Q(consumed_step__isnull=True), default=0)
+        )
+        if taken["inputs"] >= max_inputs:
+            raise InputRefused(
+                f"run {run_id} has taken {taken['inputs']} inputs, as many as MAX_INPUTS "
+                f"({max_inputs}) allows",
+                code="too_many_inputs",
+            )
+        if taken["pending"] + size > max_pending_bytes:
+            raise InputRefused(
+                f"run {run_id} holds {taken['pending']} bytes of input its next model call has not taken "
+                f"yet; {size} more would pass MAX_PENDING_INPUT_BYTES ({max_pending_bytes}): send it "
+                "once that call has taken them",
+                code="inputs_pending",
+            )
+        return RunInput.objects.create(run_id=run_id, payload=payload, size=size)
 
 
 def decide(

@@ -4,7 +4,7 @@ code and the message their own way."""
 
 from __future__ import annotations
 
-from ..errors import ChamviError, DecisionRefused, InvalidPayload, RunNotFound
+from ..errors import ChamviError, DecisionRefused, InputRefused, InvalidPayload, RunNotFound
 
 # A refusal whose code is not here (``run_settled``) is a 409.
 REFUSAL_STATUS = {"not_found": 404, "bad_token": 403, "already_decided": 409, "expired": 410}
@@ -24,6 +24,10 @@ class ApiError(Exception):
             if exc.too_large:
                 return cls(413, "payload_too_large", str(exc))
             return cls(400, "invalid_payload", str(exc))
+        if isinstance(exc, InputRefused):
+            # Too many requests: the run's caps of steering input (``too_many_inputs`` is final,
+            # ``inputs_pending`` lasts until the run's next model call takes what waits).
+            return cls(429, exc.code, str(exc))
         if isinstance(exc, RunNotFound):
             return cls(404, "not_found", str(exc))
         return cls(409, "refused", str(exc))

@@ -16,7 +16,14 @@ from .. import api
 from ..conf import conf
 from ..core.numbers import ascii_int
 from ..core.storable import unstorable
-from ..errors import AgentNotFound, DecisionRefused, InvalidPayload, RunNotFound, ThreadForbidden
+from ..errors import (
+    AgentNotFound,
+    DecisionRefused,
+    InputRefused,
+    InvalidPayload,
+    RunNotFound,
+    ThreadForbidden,
+)
 from ..models import Run
 from ..policy import policy
 from ..streaming.serializers import MAX_STEPS_LIMIT, STEPS_LIMIT, StepWindow, run_json, waitpoint_json
@@ -219,7 +226,7 @@ def run_input(request: HttpRequest, run_id: str) -> HttpResponse:
         raise ApiError(400, "invalid_field", "'payload' is required")
     try:
         item = api.send_input(run.pk, data["payload"])
-    except (InvalidPayload, DecisionRefused) as exc:
+    except (InvalidPayload, DecisionRefused, InputRefused) as exc:
         raise ApiError.of(exc) from None
     except RunNotFound:
         raise ApiError(404, "not_found", f"no run {run_id}") from None

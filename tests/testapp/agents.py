@@ -121,3 +121,39 @@ def probe_locks(ctx) -> dict:
 
 
 probing = _agent("probing", tools=[probe_locks])
+
+
+def _wait_at_gate(ctx) -> None:
+    """Stay inside the tool until the test opens the gate: ``$CHAMVI_TEST_GATE/open`` exists. The
+    files ``<run id>.inside`` and ``<run id>.aborted`` there tell the test that the tool is in, and
+    that the execution was told to stop (a cancel) while it was."""
+    from pathlib import Path
+
+    gate = Path(os.environ["CHAMVI_TEST_GATE"])
+    (gate / f"{ctx.run.pk}.inside").touch()
+    deadline = time.monotonic() + 50
+    while not (gate / "open").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the test never opened the gate")
+        if ctx.abort.is_set():
+            (gate / f"{ctx.run.pk}.aborted").touch()
+        time.sleep(0.02)
+
+
+@effect_tool
+def gated_refund(ctx, order_id: str, amount_cents: int) -> dict:
+    """Refund an order (a Refund row) once the test opens the gate."""
+    _wait_at_gate(ctx)
+    Refund.objects.create(order_id=order_id, amount_cents=amount_cents, idempotency_key=ctx.idempotency_key)
+    return {"refunded": amount_cents}
+
+
+@tool
+def gated_wait(ctx) -> str:
+    """Return once the test opens the gate."""
+    _wait_at_gate(ctx)
+    return "opened"
+
+
+gated_effects = _agent("gated_effects", tools=[gated_refund])
+gated = _agent("gated", tools=[gated_wait])

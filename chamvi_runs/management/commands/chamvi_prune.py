@@ -30,7 +30,8 @@ are never touched, and each delete re-checks status and age, so a run that chang
 Threads: a new run of a thread starts from the history of the thread's latest settled run, so the
 newest settled run with a checkpoint of each thread (of each creator in it) is kept however old.
 With --threads, a thread whose every run is settled, in --status and older than the cutoff goes
-whole, history included, and so do Thread rows older than the cutoff left with no run.
+whole, history included, and so do Thread rows older than the cutoff left with no run. A thread in
+which a run is being started meanwhile is passed over whole: it stays its owner's, history included.
 
 Artifacts are referenced by runs' triggers (attachments) and checkpoint histories
 (chamvi-artifact:<id>); an artifact older than the cutoff that no remaining run references goes,
