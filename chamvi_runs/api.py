@@ -63,10 +63,10 @@ def start_run(
     """Create a run and enqueue it after the surrounding transaction commits. Starting the same agent
     twice with the same ``id`` (trigger envelope id) in the same ``scope`` returns the first run.
 
-    ``scope`` namespaces ``id`` and ``concurrency_key``: empty (the default) is global, on purpose,
-    for code; the HTTP API passes the policy's scope of the caller. A ``thread`` belongs to the
-    creator of its first run: joining one whose history ``created_by`` may not view raises
-    ThreadForbidden, and nothing is created."""
+    ``scope`` namespaces ``id``, ``concurrency_key`` and ``thread``: empty (the default) is global,
+    on purpose, for code; the HTTP API passes the policy's scope of the caller, so a thread name one
+    user sends is never another's. A ``thread`` belongs to the creator of its first run: joining one
+    whose history ``created_by`` may not view raises ThreadForbidden, and nothing is created."""
     registry.get(agent)
     check_payload(payload)
     if keys is not None and not isinstance(keys, dict):
@@ -93,7 +93,7 @@ def start_run(
     }
     with transaction.atomic():
         if thread is not None:
-            owner = store.thread_for(thread, creator)
+            owner = store.thread_for(thread, creator, scope=scope)
             if not policy().can_view_thread(creator, owner):
                 raise ThreadForbidden(f"thread {thread!r} belongs to someone else")
         run, created = store.create_run(

@@ -134,13 +134,22 @@ class StuckRun(Run):
 
 class Thread(models.Model):
     """A conversation that runs continue. It belongs to the user who started its first run (no user
-    for runs started without ``created_by``); runs of other users may not join it (SPEC §3)."""
+    for runs started without ``created_by``); runs of other users may not join it (SPEC §3).
 
-    name = models.CharField(max_length=200, unique=True)
+    A thread is named within a ``scope``, as concurrency keys and trigger ids are: the runs of a
+    thread are those with its ``scope`` and ``name`` (``Run.scope``, ``Run.thread``). Over HTTP the
+    scope is the policy's for the caller, so one user cannot take a name another will use; from
+    Python it is empty (one global namespace) unless the site passes one."""
+
+    scope = models.CharField(max_length=200, blank=True, default="", db_default="")
+    name = models.CharField(max_length=200)
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["scope", "name"], name="chamvi_thread_scope_name")]
 
     def __str__(self) -> str:
         return self.name

@@ -21,7 +21,7 @@ from chamvi_runs.runtime.lifecycle import announce_settled
 from chamvi_runs.web.auth import create_token
 from tests.helpers import bearer, bearer_api, events, execute, logged_in, session_api
 from tests.scripted_server import Reply, finish, text, tool_call
-from tests.test_http_api import REFUND_CALL, RUNS, approval_url, error_of, queued_runs, waiting_run
+from tests.test_http_api import REFUND_CALL, RUNS, approval_url, queued_runs, waiting_run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 
@@ -78,19 +78,20 @@ def test_a_trigger_id_taken_by_another_user_does_not_return_their_run(new_user, 
 # --- threads -----------------------------------------------------------------------------------
 
 
-def test_starting_a_run_in_another_users_thread_is_403_and_creates_nothing(new_user, queue):
+def test_a_thread_name_another_user_took_first_is_still_mine_over_http(new_user, queue):
+    """Names are scoped to the caller (tests/test_thread_scope.py has the conversations)."""
     alice, bob = new_user("chamvi_runs.add_run"), new_user("chamvi_runs.add_run")
     first = session_api(alice).post(RUNS, {"agent": "basic", "payload": "secret", "thread": "t-42"})
     assert first.status_code == 201
 
     for api in (session_api(bob), bearer_api(create_token(bob, "ci")[1])):
         response = api.post(RUNS, {"agent": "basic", "payload": "me too", "thread": "t-42"})
-        assert response.status_code == 403, response.content
-        assert error_of(response)["code"] == "thread_forbidden"
+        assert response.status_code == 201, response.content
         assert "secret" not in response.content.decode()
-    assert list(Run.objects.values_list("pk", flat=True)) == [first.json()["id"]]
-    assert queued_runs(queue) == [first.json()["id"]]
-    assert list(Thread.objects.values_list("name", "owner")) == [("t-42", alice.pk)]
+    assert sorted(Thread.objects.values_list("scope", "owner")) == [
+        (f"user:{alice.pk}", alice.pk),
+        (f"user:{bob.pk}", bob.pk),
+    ]
 
 
 # --- what viewers see --------------------------------------------------------------------------

@@ -10,23 +10,24 @@ from ..core.states import Status
 from ..models import Run, Thread
 
 
-def thread_for(name: str, creator: Any) -> Thread:
-    """The thread called ``name``; created, owned by ``creator`` (None: nobody), if it is new.
+def thread_for(name: str, creator: Any, scope: str = "") -> Thread:
+    """The thread called ``name`` in ``scope``; created, owned by ``creator`` (None: nobody), if it
+    is new.
 
     Inside the transaction that inserts the thread's run (outside one it raises): the row stays
     locked until that commits, so ``chamvi_prune --threads`` never deletes it under a run being
     started in it. The prune locks the rows it deletes first (SKIP LOCKED, then re-checks that no
     run names them): either it passes this row over, or it commits first and this finds the row
     gone and creates it again for ``creator``, the thread's history having gone with its runs."""
-    thread = Thread.objects.select_for_update().filter(name=name).first()
+    thread = Thread.objects.select_for_update().filter(scope=scope, name=name).first()
     if thread is not None:
         return thread
     try:
         with transaction.atomic():
-            return Thread.objects.create(name=name, owner=creator)
+            return Thread.objects.create(scope=scope, name=name, owner=creator)
     except IntegrityError:
         # A concurrent first run of the thread won the insert: its creator owns the thread.
-        return Thread.objects.select_for_update().get(name=name)
+        return Thread.objects.select_for_update().get(scope=scope, name=name)
 
 
 def create_run(**fields: Any) -> tuple[Run, bool]:

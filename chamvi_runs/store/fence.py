@@ -53,9 +53,8 @@ def waits_for_elder(field_name: str) -> Exists:
     elder = Q(created_at__lt=OuterRef("created_at")) | Q(
         created_at=OuterRef("created_at"), id__lt=OuterRef("id")
     )
-    same = {field_name: OuterRef(field_name)}
-    if field_name == "concurrency_key":
-        same["scope"] = OuterRef("scope")
+    # Keys and threads are named within a scope (``Thread``).
+    same = {field_name: OuterRef(field_name), "scope": OuterRef("scope")}
     return Exists(
         Run.objects.filter(**same)
         .exclude(pk=OuterRef("pk"))

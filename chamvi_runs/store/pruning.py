@@ -73,7 +73,8 @@ class Retention:
         keeps_history = carries_history()
         if self.threads:
             # Unless no run of the thread stays: then the whole thread goes, its history with it.
-            keeps_history &= Q(Exists(Run.objects.filter(thread=OuterRef("thread")).exclude(self.old())))
+            same_thread = Run.objects.filter(thread=OuterRef("thread"), scope=OuterRef("scope"))
+            keeps_history &= Q(Exists(same_thread.exclude(self.old())))
         return self.old() & ~keeps_history
 
 
@@ -85,6 +86,7 @@ def _newer_history(**creator: Any) -> Exists:
     newer = Run.objects.filter(
         _has_checkpoint(),
         thread=OuterRef("thread"),
+        scope=OuterRef("scope"),
         status__in=_TERMINAL,
         created_at__gt=OuterRef("created_at"),
         **creator,
@@ -252,13 +254,21 @@ def _outside_busy_threads(ids: list[str]) -> list[str]:
     in that thread (``creating.thread_for``), and it continues from the history these runs carry.
     The other threads' rows stay locked until the batch commits, so no run starts in them before the
     delete re-checks that none did."""
-    names = set(Run.objects.filter(pk__in=ids, thread__isnull=False).values_list("thread", flat=True))
-    rows = Thread.objects.filter(name__in=names)
-    free = set(rows.select_for_update(skip_locked=True).values_list("name", flat=True))
-    busy = set(rows.values_list("name", flat=True)) - free
+    keys = set(Run.objects.filter(pk__in=ids, thread__isnull=False).values_list("scope", "thread"))
+    if not keys:
+        return ids
+    of_runs = Q(pk__in=[])
+    for scope, name in keys:
+        of_runs |= Q(scope=scope, name=name)
+    rows = Thread.objects.filter(of_runs)
+    free = set(rows.select_for_update(skip_locked=True).values_list("scope", "name"))
+    busy = set(rows.values_list("scope", "name")) - free
     if not busy:
         return ids
-    return list(Run.objects.filter(pk__in=ids).exclude(thread__in=busy).values_list("pk", flat=True))
+    in_busy = Q(pk__in=[])
+    for scope, name in busy:
+        in_busy |= Q(scope=scope, thread=name)
+    return list(Run.objects.filter(pk__in=ids).exclude(in_busy).values_list("pk", flat=True))
 
 
 def _measure_runs(ids: list[str]) -> dict[tuple[str, str], tuple[int, int]]:
@@ -310,7 +320,7 @@ def _prune_threads(
     thread only under its row's lock (``creating.thread_for``): one being started is passed over,
     and one that starts after the lock waits for this batch, then creates the row afresh."""
     empty = Thread.objects.filter(created_at__lt=retention.cutoff()).exclude(
-        Exists(remaining.filter(thread=OuterRef("name")))
+        Exists(remaining.filter(thread=OuterRef("name"), scope=OuterRef("scope")))
     )
     after = None
     while True:

@@ -47,6 +47,7 @@ def earlier_thread_histories(run: Run, limit: int) -> list[tuple[Run, list[Messa
     earlier = (
         Checkpoint.objects.filter(
             run__thread=run.thread,
+            run__scope=run.scope,
             run__status__in=[s.value for s in TERMINAL],
             run__created_at__lt=run.created_at,
         )
@@ -154,7 +155,7 @@ def next_in_line(run: Run) -> list[str]:
     for field_name in ("concurrency_key", "thread"):
         value = getattr(run, field_name)
         if value:
-            same = {field_name: value, **({"scope": run.scope} if field_name == "concurrency_key" else {})}
+            same = {field_name: value, "scope": run.scope}
             first = (
                 Run.objects.filter(**same, status=Status.QUEUED)
                 .order_by("created_at", "id")

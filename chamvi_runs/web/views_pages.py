@@ -26,6 +26,7 @@ from ..models import Run, Step, Thread, WaitPoint
 from ..policy import decidable_approvals, policy
 from ..store import queries
 from ..streaming.serializers import error_json, shows_internals
+from . import threads
 from .approvals import decide
 from .consumers import THREAD_REPLAY_RUNS
 from .errors import ApiError
@@ -143,8 +144,7 @@ def client_base() -> str:
     return reverse("chamvi_runs:approvals").removesuffix("approvals/")
 
 
-def _viewable_thread(user: Any, name: str) -> Thread | None:
-    thread = None if unstorable(name) else Thread.objects.filter(name=name).first()
+def _viewable(user: Any, thread: Thread | None) -> Thread | None:
     return thread if thread is not None and policy().can_view_thread(user, thread) else None
 
 
@@ -193,11 +193,11 @@ def run_page(request: HttpRequest, run_id: str) -> HttpResponse:
     active = run.status not in TERMINAL
     can_decide = bool(policy().can_decide(user, run))
     waiting = run.waitpoints.filter(decision__isnull=True).first() if run.status == Status.WAITING else None
-    thread = _viewable_thread(user, run.thread) if run.thread else None
+    thread = _viewable(user, threads.find(user, run.thread, run.scope)) if run.thread else None
     history: list[dict[str, Any]] = []
     if thread is not None:
-        earlier = Run.objects.filter(thread=run.thread, created_at__lt=run.created_at).order_by("-created_at")
-        history = _thread_runs(user, list(earlier[:THREAD_RUNS])[::-1])
+        earlier = Run.objects.filter(scope=run.scope, thread=run.thread, created_at__lt=run.created_at)
+        history = _thread_runs(user, list(earlier.order_by("-created_at")[:THREAD_RUNS])[::-1])
     context = {
         "run": run,
         "error": error_json(run, internals=shows_internals(user)),
@@ -207,6 +207,7 @@ def run_page(request: HttpRequest, run_id: str) -> HttpResponse:
         "can_steer": active and policy().can_steer(user, run),
         "can_cancel": active and policy().can_cancel(user, run),
         "thread": thread,
+        "thread_query": threads.query_of(thread, user) if thread is not None else "",
         "history": history,
         "page": {
             "base": client_base(),
@@ -220,13 +221,14 @@ def run_page(request: HttpRequest, run_id: str) -> HttpResponse:
 
 @login_required
 def thread_page(request: HttpRequest, thread: str) -> HttpResponse:
-    found = _viewable_thread(request.user, thread)
+    """The thread ``thread`` means for the user (``web.threads``), or in ``?scope=``."""
+    found = _viewable(request.user, threads.find(request.user, thread, request.GET.get("scope")))
     if found is None:
         raise Http404("no such thread")
-    runs = Run.objects.filter(thread=found.name).order_by("-created_at", "-id")[:THREAD_RUNS]
+    runs = Run.objects.filter(scope=found.scope, thread=found.name).order_by("-created_at", "-id")
     context = {
         "thread": found,
-        "runs": _thread_runs(request.user, list(runs)[::-1]),
-        "page": {"base": client_base(), "thread": found.name},
+        "runs": _thread_runs(request.user, list(runs[:THREAD_RUNS])[::-1]),
+        "page": {"base": client_base(), "thread": found.name, "scope": found.scope},
     }
     return render(request, "chamvi_runs/thread.html", context)
