@@ -8,7 +8,8 @@ from django.urls import re_path
 
 
 def websocket_urlpatterns() -> list[Any]:
-    from .web.consumers import RunConsumer, ThreadConsumer
+    from .web.consumers import RunConsumer
+    from .web.thread_consumer import ThreadConsumer
 
     # django-stubs types a route's target as an HTTP view; channels' URLRouter routes ASGI
     # applications through the same re_path (channels' docs), so the targets are ignored here.
@@ -30,17 +31,24 @@ class InMemoryLayerLoop:
         from channels.layers import InMemoryChannelLayer, get_channel_layer
 
         from .streaming.broadcast import publisher
+
         if isinstance(get_channel_layer(), InMemoryChannelLayer):
             publisher.use_loop()
         return await self.app(scope, receive, send)
 
 
-def websocket_application() -> Any:
-    """The websocket side for ``ProtocolTypeRouter``: sessions, and Origin checked against ALLOWED_HOSTS."""
-    from channels.auth import AuthMiddlewareStack
-    from channels.routing import URLRouter
-    from channels.security.websocket import AllowedHostsOriginValidator
+def guarded(routes: Any) -> Any:
+    """``routes`` (a ``URLRouter`` of websocket routes) behind chamvi's handshake
+    (``web/socket_auth.py``): an API token offered as a subprotocol, else the session cookie with an
+    Origin that Django's CSRF check would take. A site that adds routes of its own serves
+    ``guarded(URLRouter([*websocket_urlpatterns(), ...]))``."""
+    from .web.socket_auth import SocketGuard
 
-    return InMemoryLayerLoop(
-        AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns())))
-    )
+    return InMemoryLayerLoop(SocketGuard(routes))
+
+
+def websocket_application() -> Any:
+    """The websocket side for ``ProtocolTypeRouter``: the chamvi routes, ``guarded``."""
+    from channels.routing import URLRouter
+
+    return guarded(URLRouter(websocket_urlpatterns()))

@@ -81,6 +81,70 @@ def test_a_runs_buffer_keeps_the_latest_events_up_to_the_cap(log, monkeypatch):
     assert log.window(RUN, 6).events is None
 
 
+def inputs(first: int, count: int, size: int) -> list[dict[str, Any]]:
+    """Steering inputs of ``size`` characters each, as the engine announces them."""
+    return [
+        {"type": "input", "run_id": RUN, "step": 0, "input_id": f"inp_{n}", "payload": "x" * size}
+        for n in range(first, first + count)
+    ]
+
+
+def held_bytes(log: Any) -> int:
+    """What the buffer counts of its events' JSON (Redis: its counter, checked against the events)."""
+    if isinstance(log, MemoryEventLog):
+        return log._held[RUN].bytes
+    raw = log.connection.zrange(f"chamvi:events:{RUN}", 0, -1)
+    counted = int(log.connection.get(f"chamvi:bytes:{RUN}"))
+    assert counted == sum(len(event) for event in raw)
+    return counted
+
+
+def test_a_runs_buffer_keeps_at_most_its_bytes_the_oldest_dropped_first(log, monkeypatch):
+    monkeypatch.setattr(buffer, "BUFFER_BYTES", 2000)
+    # Each input is about 480 bytes of JSON: four fit, the fifth pushes the oldest out.
+    assert seqs(append(log, inputs(0, 10, 380))) == list(range(1, 11))
+    assert seqs(log.after(RUN, 0)) == [7, 8, 9, 10]
+    assert 1900 < held_bytes(log) <= 2000
+    # A client behind what the cap dropped is told so (a replay rebuilds the run).
+    assert log.window(RUN, 3).events is None
+    assert seqs(log.window(RUN, 6).events) == [7, 8, 9, 10]
+    # One event larger than the cap is kept, alone: the newest is never dropped.
+    assert seqs(append(log, inputs(10, 1, 5000))) == [11]
+    assert seqs(log.after(RUN, 0)) == [11]
+    assert seqs(append(log, step(1))) == [12, 13]
+    assert seqs(log.after(RUN, 0)) == [12, 13]
+    assert held_bytes(log) < 500
+
+
+def test_a_region_is_kept_whole_and_the_events_before_it_go_to_the_byte_cap(log, monkeypatch):
+    monkeypatch.setattr(buffer, "BUFFER_BYTES", 2000)
+    append(log, inputs(0, 4, 380))
+    region = log.rebase(RUN, rebuild(1), None)
+    assert seqs(region) == list(range(5, 5 + len(region)))
+    held = log.after(RUN, 0)
+    assert held[-len(region) :] == region and len(held) < 4 + len(region)
+    assert held_bytes(log) <= 2000
+    assert log.window(RUN, 0).events == region
+
+
+def test_a_lost_byte_count_is_counted_again_from_the_events(redis, monkeypatch):
+    monkeypatch.setattr(buffer, "BUFFER_BYTES", 2000)
+    redis.delete(*RedisEventLog._keys(RUN))
+    log = RedisEventLog(redis)
+    append(log, inputs(0, 3, 380))
+    # An older version's buffer has no count; an evicted key neither.
+    redis.delete(f"chamvi:bytes:{RUN}")
+    append(log, inputs(3, 2, 380))
+    assert seqs(log.after(RUN, 0)) == [2, 3, 4, 5]
+    assert held_bytes(log) <= 2000
+    # A count that is too high (a key restored from elsewhere) is exact again once one event is left.
+    redis.set(f"chamvi:bytes:{RUN}", 10**9)
+    append(log, step(2, "step.start"))
+    assert seqs(log.after(RUN, 0)) == [6]
+    assert held_bytes(log) == len(redis.zrange(f"chamvi:events:{RUN}", 0, -1)[0])
+    redis.delete(*RedisEventLog._keys(RUN))
+
+
 def rebuild(step_index: int, waiting: str = "") -> Rebuild:
     events = [{"type": "run.start", "run_id": RUN}]
     for n in range(step_index + 1):
@@ -141,23 +205,40 @@ def lose_everything(log: Any) -> None:
         log.connection.delete(*RedisEventLog._keys(RUN))
 
 
-def test_a_client_ahead_of_a_lost_counter_gets_a_region_after_its_seq_and_the_run_goes_on(log):
+def counter(log: Any) -> int:
+    if isinstance(log, MemoryEventLog):
+        return log._seq.get(RUN, 0)
+    return int(log.connection.get(f"chamvi:seq:{RUN}") or 0)
+
+
+def test_a_restart_is_one_region_after_the_counter_whatever_seq_a_client_names(log):
     # A client was sent seqs up to 40; then the counter was lost while step 1 was streaming.
     append(log, [{"type": "run.start", "run_id": RUN}, *step(0), *step(1, "step.start")])
     lose_everything(log)
     since = append(log, step(1, "delta", "delta"))
     assert seqs(since) == [1, 2] and log.window(RUN, 40) == (2, [])
-    region = log.rebase(RUN, rebuild(0), 40)
-    # The marker tells it to drop what it showed; the stored step, then the step in flight, follow.
-    assert seqs(region) == list(range(41, 41 + len(region)))
+    # A restart asks for a region, whatever the client's seq (None): numbered after the counter.
+    region = log.rebase(RUN, rebuild(0), None)
+    assert seqs(region) == list(range(3, 3 + len(region)))
     assert [e["type"] for e in region[:2]] == [buffer.MARKER, "run.start"]
+    # The stored step, then the step in flight: the held events stay where they are.
     assert [(e["type"], e["step"]) for e in region[-2:]] == [("delta", 1), ("delta", 1)]
-    # The counter moved past the region: live events go on after it, for that client and any other.
+    assert log.after(RUN, 0) == [*since, *region]
+    assert counter(log) == region[-1]["seq"]
+    # Every later restart gets the same region: no new one, the counter stays.
+    assert log.rebase(RUN, rebuild(0), None) == region
+    assert counter(log) == region[-1]["seq"]
     live = append(log, step(1, "step.end"))
     assert seqs(live) == [region[-1]["seq"] + 1]
-    assert log.window(RUN, 40).events == [*region, *live]
     assert log.window(RUN, 2).events == [*region, *live]
-    assert log.window(RUN, 0).events == [*region, *live]
+
+
+@pytest.mark.parametrize("after", [10**12, 10**12 + 1, 10**30])
+def test_a_seq_far_ahead_is_only_ahead(log, after):
+    append(log, step(0))
+    assert log.window(RUN, after) == (2, [])
+    assert log.rebase(RUN, rebuild(0), after) == []
+    assert counter(log) == 2 and seqs(log.after(RUN, 0)) == [1, 2]
 
 
 def test_an_active_runs_buffer_lives_through_its_wait_and_ends_after_run_end(log, settings):

@@ -6,6 +6,7 @@ Time is moved by deleting the buffer's keys in Redis (what their expiry does), n
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from django.db import connection
 from chamvi_runs import approve, start_run
 from chamvi_runs.models import Run, Step, WaitPoint
 from chamvi_runs.routing import websocket_application
+from chamvi_runs.streaming import replay
 from tests.helpers import events, execute
 from tests.scripted_server import Reply, delay, finish, text, tool_call
 from tests.sse_helpers import Stream, body, parse
@@ -102,7 +104,7 @@ def test_the_chat_page_socket_of_a_waiting_run_whose_buffer_expired_gets_the_app
     run, waitpoint = waiting_run(server, root_client.user)
     expire_buffer(redis, run)
     cookie = f"sessionid={root_client.cookies['sessionid'].value}".encode()
-    headers = [(b"origin", b"http://127.0.0.1"), (b"cookie", cookie)]
+    headers = [(b"host", b"127.0.0.1"), (b"origin", b"http://127.0.0.1"), (b"cookie", cookie)]
 
     async def scenario():
         comm = WebsocketCommunicator(websocket_application(), f"/ws/chamvi/runs/{run.pk}/?after=0", headers)
@@ -147,11 +149,13 @@ def test_a_client_that_resumes_after_redis_lost_the_seqs_of_a_settled_run_gets_r
     run = approve_and_finish(server, waitpoint, root_client.user)
     top = events(run)[-1]["seq"]
     lose_seqs(redis, run)
-    # The page was sent everything but run.end; the run rebuilt from 1 would all be at or below it.
+    # The page was sent everything but run.end; the server knows no seq of the run any more: a
+    # restart, the run rebuilt from 1 behind a marker at 0, which the page takes below its seq.
     streamed = parse(body(root_client.get(url(run), HTTP_LAST_EVENT_ID=str(top - 1))))
-    assert streamed[0]["type"] == "replay.truncated"
-    assert_consecutive(streamed, top)
+    assert streamed[0]["type"] == "replay.truncated" and streamed[0]["seq"] == 0
+    assert_consecutive(streamed, 0)
     assert streamed[-1]["type"] == "run.end" and streamed[-1]["output"] == "Refunded."
+    assert redis.get(f"chamvi:seq:{run.pk}") is None, "a settled run's rebuild is stored nowhere"
 
 
 def test_a_page_that_resumes_a_waiting_run_after_redis_lost_its_seqs_streams_on_to_the_end(
@@ -170,11 +174,14 @@ def test_a_page_that_resumes_a_waiting_run_after_redis_lost_its_seqs_streams_on_
 
     replayed, live, finished = async_to_sync(scenario)()
     assert finished.status == "completed"
-    assert replayed[0]["type"] == "replay.truncated"
+    # A restart: the run rebuilt and stored from seq 1, behind a marker at 0 (stored nowhere) that
+    # the page takes although it is below its seq.
+    assert replayed[0]["type"] == "replay.truncated" and replayed[0]["seq"] == 0
     assert [e["type"] for e in replayed[1:]] == REBUILT_WAITING
-    # The approval's live events follow the rebuild, past the page's seq, with no gap.
+    # The approval's live events follow the rebuild with no gap.
     assert [e["type"] for e in live] == AFTER_APPROVAL
-    assert_consecutive(replayed + live, seen + 1)
+    assert_consecutive(replayed + live, 0)
+    assert events(run) == replayed[1:] + live
 
 
 def test_an_active_runs_buffer_outlives_its_wait_and_shrinks_after_run_end(
@@ -241,3 +248,28 @@ def test_an_active_run_rebuilt_behind_the_cap_goes_on_without_gap_for_every_clie
     streamed = parse(body(root_client.get(url(run), HTTP_LAST_EVENT_ID=str(behind[-1]["seq"]))))
     assert [e["type"] for e in streamed] == AFTER_APPROVAL
     assert_consecutive(streamed, behind[-1]["seq"] + 1)
+
+
+def test_a_rebuild_carries_the_latest_steps_that_fit_in_its_bytes(server, root_client, monkeypatch):
+    monkeypatch.setattr(replay, "REBUILD_BYTES", 6000)
+    # Four model calls of 2,000 characters each, a tool call after each of the first three.
+    answers = [str(n) * 2000 for n in range(4)]
+    calls = [
+        Reply(text(a), tool_call(f"c{n}", "add", '{"a": 1, "b": 2}'), finish("tool_calls"))
+        for n, a in enumerate(answers[:3])
+    ]
+    server.script("m-basic", [*calls, Reply(text(answers[3]), finish("stop"))])
+    run = execute(start_run("basic", "add", created_by=root_client.user))
+    assert run.status == "completed"
+    rebuilt = replay.events_from_steps(run)
+    # Steps 0..6: the latest two model calls and the tool call between them fit, not a third.
+    marker = rebuilt[0]
+    assert marker["type"] == "replay.truncated" and marker["from_step"] == 4
+    stepped = [e for e in rebuilt if "step" in e]
+    assert stepped[0]["type"] == "step.start" and stepped[0]["step"] == 4
+    assert sum(len(json.dumps(e)) for e in stepped) <= 6000
+    assert [e["text"] for e in rebuilt if e["type"] == "delta"] == answers[2:]
+    assert rebuilt[-1]["type"] == "run.end" and rebuilt[-1]["output"] == answers[3]
+    # However little fits, the latest model call and what follows it are carried.
+    monkeypatch.setattr(replay, "REBUILD_BYTES", 10)
+    assert [e["text"] for e in replay.events_from_steps(run) if e["type"] == "delta"] == answers[3:]

@@ -16,7 +16,7 @@ from asgiref.sync import async_to_sync
 from channels.testing import WebsocketCommunicator
 
 from chamvi_runs import approve, cancel_run, send_input, start_run
-from chamvi_runs.models import Run, WaitPoint
+from chamvi_runs.models import Run, RunInput, WaitPoint
 from chamvi_runs.streaming import vocabulary
 from chamvi_runs.streaming.replay import events_from_steps, replay_after
 from tests.helpers import events, execute, make_user
@@ -312,3 +312,18 @@ def test_a_bad_message_gets_an_error_of_the_vocabulary(message: Any, code: str) 
     run = start_run("basic", "go", created_by=owner)
     (reply,) = async_to_sync(exchange)(run_path(run), headers_for(owner), [message], [])
     assert_error(reply, code)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(30)
+def test_an_input_over_the_runs_caps_gets_the_vocabularys_code(settings) -> None:
+    settings.CHAMVI_RUNS = {**settings.CHAMVI_RUNS, "MAX_INPUTS": 2, "MAX_PENDING_INPUT_BYTES": 64}
+    owner = make_user("owner")
+    run = start_run("basic", "go", created_by=owner)
+    messages = [{"type": "input", "payload": payload} for payload in ("a", "x" * 100, "b", "c")]
+    first, pending, second, third = async_to_sync(exchange)(run_path(run), headers_for(owner), messages, [])
+    assert_ack(first, "input")
+    assert_error(pending, "inputs_pending")
+    assert_ack(second, "input")
+    assert_error(third, "too_many_inputs")
+    assert [i.payload for i in RunInput.objects.filter(run=run).order_by("created_at")] == ["a", "b"]

@@ -13,7 +13,6 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-ORIGIN = "http://127.0.0.1"
 TEXT, CLOSE, PING, PONG = 0x1, 0x8, 0x9, 0xA
 
 
@@ -37,11 +36,12 @@ class Socket:
     async def open(cls, port: int, path: str, cookie: str, timeout: float = 30) -> Socket:
         reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), timeout)
         key = base64.b64encode(os.urandom(16)).decode()
+        # A page of the site: the Origin is the one the Host names, as a browser sends it.
         writer.write(
             (
                 f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
                 f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
-                f"Origin: {ORIGIN}\r\nCookie: {cookie}\r\n\r\n"
+                f"Origin: http://127.0.0.1:{port}\r\nCookie: {cookie}\r\n\r\n"
             ).encode()
         )
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)

@@ -9,10 +9,12 @@ query, whatever expired or was trimmed before it:
   long as the run can wait (the site's approval TTL, or its open wait point's own expiry) plus
   ``STREAM_BUFFER_SECONDS``; from ``run.end`` on, ``STREAM_BUFFER_SECONDS``. The seq counter lives
   ``SEQ_TTL``: a run that resumes after its buffer expired goes on numbering, never reuses a seq.
-- Cap: at most ``BUFFER_EVENTS`` events per run; the oldest are dropped first.
+- Caps: at most ``BUFFER_EVENTS`` events and ``BUFFER_BYTES`` bytes of their JSON per run; the
+  oldest are dropped first, never the newest.
 - Regions: when a client asks for events the buffer no longer holds, ``replay`` rebuilds the run
   from its stored steps and, for an active run, stores that rebuild here as a *region* numbered
-  after the counter (the rules are in ``replay.py``). A region remembers what it covers (its last
+  after the counter (the rules are in ``replay.py``). Only the run's own counter numbers a region:
+  a seq a client names never moves it. A region remembers what it covers (its last
   stored step, its ``run.start`` and open ``run.waiting``): an event it covers that the executing
   process records later (events are recorded a moment after their step is saved) is dropped,
   neither buffered nor sent, so no client gets it twice.
@@ -36,9 +38,17 @@ from ..conf import conf
 
 # Events kept per run: a model streaming a 4-character delta every 20 ms fills it in 200 s.
 BUFFER_EVENTS = 10_000
+# Bytes of events' JSON kept per run. A delta event is about 150 bytes, so a model's 10,000 events
+# are 1.5 to 2 MB and never reach it; it holds 8 times the steering inputs one model call may take
+# (MAX_PENDING_INPUT_BYTES, 1 MiB by default). What it bounds: events that carry what callers and
+# tools send (steering inputs of up to MAX_PAYLOAD_BYTES each, tool outputs), kept in Redis for as
+# long as a run may wait: by the event cap alone one run could hold 10,000 inputs of 256 KiB (43 MB
+# in 3 s was measured).
+BUFFER_BYTES = 8 * 1024 * 1024
 SEQ_TTL = 90 * 24 * 3600
 MARKER = "replay.truncated"
-# Above any run's seq; Lua prints a number with 14 digits, so the scripts must never count near 10**14.
+# Above any run's seq: a client's seq is clamped to it before a script sees it (Lua prints numbers
+# with 14 digits, so the scripts must never count near 10**14). A larger seq is just ahead.
 MAX_SEQ = 10**12
 
 
@@ -129,12 +139,28 @@ def _dropped(event: dict[str, Any], covers: tuple[int, int, str] | None) -> bool
 
 
 class _Held:
-    __slots__ = ("covers", "events", "expires")
+    __slots__ = ("bytes", "covers", "events", "expires", "sizes")
 
     def __init__(self) -> None:
         self.events: list[dict[str, Any]] = []  # consecutive seqs, oldest first
+        self.sizes: list[int] = []  # each event's JSON in bytes, as Redis would hold it
+        self.bytes = 0
         self.expires = 0.0
         self.covers: tuple[int, int, str] | None = None  # the latest region: first seq, step, token
+
+    def add(self, events: list[dict[str, Any]]) -> None:
+        sizes = [len(json.dumps(event)) for event in events]
+        self.events += events
+        self.sizes += sizes
+        self.bytes += sum(sizes)
+
+    def trim(self, droppable: int) -> None:
+        """Drop the oldest events, at most ``droppable``, while over either cap."""
+        n = 0
+        while n < droppable and (len(self.events) - n > BUFFER_EVENTS or self.bytes > BUFFER_BYTES):
+            self.bytes -= self.sizes[n]
+            n += 1
+        del self.events[:n], self.sizes[:n]
 
 
 class MemoryEventLog:
@@ -170,8 +196,8 @@ class MemoryEventLog:
             return None
         seq = self._seq[run_id] = self._top(run_id, held) + 1
         event = {**event, "seq": seq}
-        held.events.append(event)
-        del held.events[: max(len(held.events) - BUFFER_EVENTS, 0)]
+        held.add([event])
+        held.trim(len(held.events) - 1)
         held.expires = self.clock() + buffer_ttl(event)
         return event
 
@@ -192,6 +218,7 @@ class MemoryEventLog:
         return max(self._seq.get(run_id, 0), held.events[-1]["seq"] if held and held.events else 0)
 
     def window(self, run_id: str, after: int) -> Window:
+        after = min(after, MAX_SEQ)
         with self._lock:
             held = self._live(run_id)
             top = self._top(run_id, held)
@@ -204,27 +231,22 @@ class MemoryEventLog:
                 start = held.covers[0] - 1
             return Window(top, events[max(start - low + 1, 0) :])
 
-    def rebase(self, run_id: str, rebuild: Rebuild, after: int) -> list[dict[str, Any]]:
+    def rebase(self, run_id: str, rebuild: Rebuild, after: int | None) -> list[dict[str, Any]]:
         """As ``RedisEventLog.rebase``."""
         with self._lock:
             held = self._live(run_id) or self._held.setdefault(run_id, _Held())
             top = self._top(run_id, held)
             low = held.events[0]["seq"] if held.events else top + 1
-            ahead = after > top
-            if held.covers is not None and held.covers[0] >= low and not ahead:
+            if held.covers is not None and held.covers[0] >= low:
                 return held.events[held.covers[0] - low :]
-            if top > 0 and not ahead and not (after < low - 1 and after < top):
+            if after is not None and top > 0 and not (after < low - 1 and after < top):
                 return held.events[max(after - low + 1, 0) :]
-            base = max(top, after)
-            events = region(rebuild, held.events, base)
-            if ahead:
-                # The held events are older than the region, which carries what it needs of them.
-                held.events, low = [], base + 1
-            held.events.extend(events)
-            held.covers = (base + 1, rebuild.step, rebuild.waiting)
-            self._seq[run_id] = base + len(events)
-            # Trimmed to the cap, never into the region.
-            del held.events[: min(max(len(held.events) - BUFFER_EVENTS, 0), base + 1 - low)]
+            events = region(rebuild, held.events, top)
+            before = len(held.events)
+            held.add(events)
+            held.covers = (top + 1, rebuild.step, rebuild.waiting)
+            self._seq[run_id] = top + len(events)
+            held.trim(before)  # never into the region
             held.expires = self.clock() + rebuild.ttl
             return events
 
@@ -237,15 +259,36 @@ class MemoryEventLog:
 
 class RedisEventLog:
     """Per run: ``chamvi:seq:<id>`` (the counter), ``chamvi:events:<id>`` (a sorted set of the
-    events' JSON, scored by seq) and ``chamvi:region:<id>`` (the latest region: seq, step, waiting).
-    Each operation is one Lua script, so seq order is buffer order and a region is placed atomically
-    among concurrent appends."""
+    events' JSON, scored by seq), ``chamvi:region:<id>`` (the latest region: seq, step, waiting) and
+    ``chamvi:bytes:<id>`` (the bytes the events hold, for the cap). Each operation is one Lua
+    script, so seq order is buffer order and a region is placed atomically among concurrent appends."""
+
+    # The byte count without reading every event: kept beside the events, counted again from them
+    # when it is missing (an older version's buffer, an evicted key), and exact whenever one event
+    # is left. Trimming never drops the newest event.
+    TRIM = """
+    local function trim(cap, cap_bytes, bytes, droppable)
+      local count = redis.call('ZCARD', KEYS[2])
+      if not bytes then
+        bytes = 0
+        for _, event in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do bytes = bytes + #event end
+      end
+      while droppable > 0 and count > 1 and (count > cap or bytes > cap_bytes) do
+        bytes = bytes - #redis.call('ZPOPMIN', KEYS[2])[1]
+        count, droppable = count - 1, droppable - 1
+      end
+      if count == 1 then bytes = #redis.call('ZRANGE', KEYS[2], 0, 0)[1] end
+      return bytes
+    end
+    """
 
     # The seq is spliced into the JSON text: cjson would turn empty lists into objects. An events key
     # of the old layout (a list) is replaced. ARGV[7] 'end' (a run.end) or 'repair' (``end``): one
     # run.end per run, never after one; a repair only after held events. pcall: cjson refuses some
-    # JSON that Python writes (a lone surrogate), which is not a run.end either.
-    APPEND = """
+    # JSON that Python writes (a lone surrogate), which is not a run.end either. ARGV[8]: the byte cap.
+    APPEND = (
+        TRIM
+        + """
     if ARGV[7] == 'end' or ARGV[7] == 'repair' then
       local held = redis.call('TYPE', KEYS[2]).ok == 'zset'
       if ARGV[7] == 'repair' and not held then return false end
@@ -262,17 +305,20 @@ class RedisEventLog:
         return false
       end
     end
-    if redis.call('TYPE', KEYS[2]).ok == 'list' then redis.call('DEL', KEYS[2]) end
+    if redis.call('TYPE', KEYS[2]).ok ~= 'zset' then redis.call('DEL', KEYS[2], KEYS[4]) end
+    local bytes = redis.call('GET', KEYS[4])
     local seq = redis.call('INCR', KEYS[1])
     local encoded = string.sub(ARGV[1], 1, -2) .. ',"seq":' .. seq .. '}'
     redis.call('ZADD', KEYS[2], seq, encoded)
-    local excess = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[4])
-    if excess > 0 then redis.call('ZREMRANGEBYRANK', KEYS[2], 0, excess - 1) end
+    if bytes then bytes = tonumber(bytes) + #encoded end
+    bytes = trim(tonumber(ARGV[4]), tonumber(ARGV[8]), bytes, math.huge)
+    redis.call('SET', KEYS[4], bytes, 'EX', ARGV[2])
     redis.call('EXPIRE', KEYS[1], ARGV[3])
     redis.call('EXPIRE', KEYS[2], ARGV[2])
     redis.call('EXPIRE', KEYS[3], ARGV[2])
     return encoded
     """
+    )
 
     WINDOW = """
     local after = tonumber(ARGV[1])
@@ -293,9 +339,11 @@ class RedisEventLog:
     return {top, 1, redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. start, '+inf')}
     """
 
-    # ARGV: ttl, seq ttl, cap, step, waiting, truncated, marker, after, then the rebuilt events. The
-    # rule for what is carried after them is ``carried()``'s.
-    REBASE = """
+    # ARGV: ttl, seq ttl, cap, step, waiting, truncated, marker, after (-1: none), byte cap, then the
+    # rebuilt events. The rule for what is carried after them is ``carried()``'s.
+    REBASE = (
+        TRIM
+        + """
     local top = tonumber(redis.call('GET', KEYS[1]) or '0')
     if redis.call('TYPE', KEYS[2]).ok ~= 'zset' then redis.call('DEL', KEYS[2]) end
     local held = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
@@ -305,35 +353,31 @@ class RedisEventLog:
       top = math.max(top, tonumber(held[#held]))
     end
     local after = tonumber(ARGV[8])
-    local ahead = after > top
     local first = tonumber(redis.call('HGET', KEYS[3], 'seq') or '-1')
-    if first >= low and not ahead then return redis.call('ZRANGEBYSCORE', KEYS[2], first, '+inf') end
-    if top > 0 and not ahead and not (after < low - 1 and after < top) then
+    if first >= low then return redis.call('ZRANGEBYSCORE', KEYS[2], first, '+inf') end
+    if after >= 0 and top > 0 and not (after < low - 1 and after < top) then
       return redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. after, '+inf')
     end
     local step, waiting = tonumber(ARGV[4]), ARGV[5]
-    local decoded, cut = {}, 0
+    local decoded, cut, bytes = {}, 0, 0
     for i = 1, #held, 2 do
       local ok, event = pcall(cjson.decode, held[i])
       if not ok or type(event) ~= 'table' then event = {} end
       local seq = tonumber(held[i + 1])
       decoded[#decoded + 1] = {held[i], seq, event}
+      bytes = bytes + #held[i]
       if type(event.step) == 'number' and event.step >= 0 and event.step <= step then cut = seq end
     end
-    local base = math.max(top, after)
-    if ahead then
-      redis.call('DEL', KEYS[2])
-      low = base + 1
-    end
-    local seq, out = base, {}
+    local seq, out = top, {}
     local function push(prefix)
       seq = seq + 1
       local encoded = prefix .. ',"seq":' .. seq .. '}'
       redis.call('ZADD', KEYS[2], seq, encoded)
+      bytes = bytes + #encoded
       out[#out + 1] = encoded
     end
-    if base > 0 or ARGV[6] == '1' then push(string.sub(ARGV[7], 1, -2)) end
-    for i = 9, #ARGV do push(string.sub(ARGV[i], 1, -2)) end
+    if top > 0 or ARGV[6] == '1' then push(string.sub(ARGV[7], 1, -2)) end
+    for i = 10, #ARGV do push(string.sub(ARGV[i], 1, -2)) end
     for _, item in ipairs(decoded) do
       local event, keep = item[3], false
       if event.type == 'run.start' or event.type == 'replay.truncated' then
@@ -351,13 +395,15 @@ class RedisEventLog:
     end
     redis.call('SET', KEYS[1], seq, 'EX', ARGV[2])
     redis.call('DEL', KEYS[3])
-    redis.call('HSET', KEYS[3], 'seq', base + 1, 'step', step, 'waiting', waiting)
-    local excess = math.min(redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[3]), base + 1 - low)
-    if excess > 0 then redis.call('ZREMRANGEBYRANK', KEYS[2], 0, excess - 1) end
+    redis.call('HSET', KEYS[3], 'seq', top + 1, 'step', step, 'waiting', waiting)
+    -- Trimmed to the caps, never into the region.
+    bytes = trim(tonumber(ARGV[3]), tonumber(ARGV[9]), bytes, #held / 2)
+    redis.call('SET', KEYS[4], bytes, 'EX', ARGV[1])
     redis.call('EXPIRE', KEYS[2], ARGV[1])
     redis.call('EXPIRE', KEYS[3], ARGV[1])
     return out
     """
+    )
 
     def __init__(self, connection: Any) -> None:
         self.connection = connection
@@ -367,7 +413,12 @@ class RedisEventLog:
 
     @staticmethod
     def _keys(run_id: str) -> list[str]:
-        return [f"chamvi:seq:{run_id}", f"chamvi:events:{run_id}", f"chamvi:region:{run_id}"]
+        return [
+            f"chamvi:seq:{run_id}",
+            f"chamvi:events:{run_id}",
+            f"chamvi:region:{run_id}",
+            f"chamvi:bytes:{run_id}",
+        ]
 
     def append_many(self, items: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any] | None]:
         """Append a batch in one round trip (a pipeline of script calls, run in order). None for an
@@ -377,7 +428,7 @@ class RedisEventLog:
             ttl = buffer_ttl(event)
             step, token = cover(event)
             once = "end" if event.get("type") == "run.end" else ""
-            args = [json.dumps(event), ttl, max(ttl, SEQ_TTL), BUFFER_EVENTS, step, token, once]
+            args = [json.dumps(event), ttl, max(ttl, SEQ_TTL), BUFFER_EVENTS, step, token, once, BUFFER_BYTES]
             calls.append([*self._keys(run_id), *args])
         # EVALSHA straight into the pipeline: a pipeline of registered scripts first asks Redis
         # whether they exist (SCRIPT EXISTS), a second round trip for every batch. A Redis that lost
@@ -386,7 +437,7 @@ class RedisEventLog:
         for attempt in range(2):
             pipe = self.connection.pipeline(transaction=False)
             for args in calls:
-                pipe.evalsha(self._append.sha, 3, *args)
+                pipe.evalsha(self._append.sha, 4, *args)
             try:
                 results = pipe.execute()
                 break
@@ -403,7 +454,7 @@ class RedisEventLog:
         between its commit and the append): without it a page would show the run running for good.
         Should the settling process store its own after all, that one is refused."""
         ttl = buffer_ttl(event)
-        args = [json.dumps(event), ttl, max(ttl, SEQ_TTL), BUFFER_EVENTS, -1, "", "repair"]
+        args = [json.dumps(event), ttl, max(ttl, SEQ_TTL), BUFFER_EVENTS, -1, "", "repair", BUFFER_BYTES]
         encoded = self._append(keys=self._keys(run_id), args=args)
         return json.loads(encoded) if encoded else None
 
@@ -422,15 +473,15 @@ class RedisEventLog:
         ]
 
     def window(self, run_id: str, after: int) -> Window:
-        top, complete, held = self._window(keys=self._keys(run_id), args=[after])
+        top, complete, held = self._window(keys=self._keys(run_id), args=[min(after, MAX_SEQ)])
         return Window(int(top), [json.loads(raw) for raw in held] if complete else None)
 
-    def rebase(self, run_id: str, rebuild: Rebuild, after: int) -> list[dict[str, Any]]:
+    def rebase(self, run_id: str, rebuild: Rebuild, after: int | None) -> list[dict[str, Any]]:
         """Store ``rebuild`` as a region after the run's latest seq and return it. Or return the
         events from the start of a region still held (another client got there first), or those
-        after ``after`` when the buffer now holds them all (a seq was allocated meanwhile). A client
-        ahead of the counter (Redis lost it) gets the region after its own seq: the counter moves
-        past it, and the older held events go (the region carries what it needs of them)."""
+        after ``after`` when the buffer now holds them all (a seq was allocated meanwhile). With
+        ``after`` None (a client that starts over) only a region will do: the held one, or a new
+        one. ``after`` never numbers anything, and held events are dropped only by the caps."""
         args = [
             rebuild.ttl,
             max(rebuild.ttl, SEQ_TTL),
@@ -439,7 +490,8 @@ class RedisEventLog:
             rebuild.waiting,
             "1" if rebuild.truncated else "0",
             json.dumps(rebuild.marker),
-            after,
+            -1 if after is None else min(after, MAX_SEQ),
+            BUFFER_BYTES,
             *(json.dumps(event) for event in rebuild.events),
         ]
         return [json.loads(raw) for raw in self._rebase(keys=self._keys(run_id), args=args)]

@@ -7,7 +7,8 @@
    wait step), its open ``run.waiting``, its ``run.end``. The rebuild is numbered after the run's
    highest seq N and opened by a ``replay.truncated`` event at N+1, which tells the client that the
    events before it are gone and to drop what it rendered of the run: what follows rebuilds it. So
-   a client's seqs only grow, and every seq it was sent is a valid place to resume from.
+   a client's seqs only grow (but at a restart, 3.), and every seq it was sent is a valid place to
+   resume from.
 
    - Active run: the rebuild is stored in the buffer as a region, atomically after the counter,
      followed by the buffered events of what is not stored yet (the step in flight, a later
@@ -20,22 +21,34 @@
      numbered after N, so a client that resumes inside it goes on where it stopped.
    - No seq known at all (the counter's 90 days are over, or Redis lost its data): the rebuild is
      numbered from 1 with no marker, as the run's first events.
-   - A client ahead of the counter (it was sent seqs before Redis, or embedded mode's process,
-     lost them): the rebuild is numbered after the client's seq, opened by the marker, and for an
-     active run the counter moves past it; otherwise the client would skip every event up to its
-     seq and never see the run end. Of a settled run, a client is ahead once it is past the end
-     of the rebuild numbered after N, or has any seq while none is known. A seq above
-     ``MAX_SEQ`` is no run's and gets nothing.
-3. A rebuild carries the latest ``REBUILD_STEPS`` steps at most; then its marker's ``from_step``
-   says where it starts (earlier steps are in the run's JSON).
+3. A client *ahead* of the server, whose seq the server never sent or no longer knows (Redis, or
+   embedded mode's process, lost the run's seqs after sending them; or a client made one up), gets
+   a *restart*: a ``replay.truncated`` at or below its seq, then the run from its start, and it
+   takes them, whatever its seq (``restarts``; a client must drop what it showed and go on from
+   the marker's seq). A seq never numbers anything: a client cannot move a run's counter, so it
+   cannot push the run's seqs past what every other client will ever ask for.
+
+   - Active run, ahead once its seq is above the run's highest seq: what the buffer holds from the
+     run's start (its first events, or the latest region), else the rebuild stored as a region
+     after the counter (or the region already held: many clients ahead cost one region).
+   - Settled run, ahead once its seq is past the end of the rebuild numbered after N (none known:
+     any seq): that rebuild.
+   - What a restart sends does not begin with a marker (the run's first events, a rebuild
+     numbered from 1): one is put before it, stored nowhere, with the first event's seq minus 1
+     (0 when that is 1).
+4. A rebuild carries the latest ``REBUILD_STEPS`` steps at most, and no more steps than fit in
+   ``REBUILD_BYTES`` (the latest model call and what follows it at least); then its marker's
+   ``from_step`` says where it starts (earlier steps are in the run's JSON).
 
 Where this bends "every event after that seq exactly once": a client behind the buffer gets the
 marker and the rebuild instead of the lost events (deltas are not stored: a step's text comes as
-one delta); of a step in flight longer than the cap, only the events still held are carried.
+one delta); of a step in flight longer than the caps, only the events still held are carried; a
+client ahead of the server starts over at a seq at or below its own.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection
 from datetime import timedelta
 from typing import Any
@@ -44,49 +57,87 @@ from ..core.states import TERMINAL, Status
 from ..models import Run, Step, WaitPoint
 from ..store import queries
 from ..store.fence import db_now_plus
-from .buffer import BUFFER_EVENTS, MARKER, MAX_SEQ, Rebuild, buffer_ttl, event_log, region
+from .buffer import (
+    BUFFER_BYTES,
+    BUFFER_EVENTS,
+    MARKER,
+    MemoryEventLog,
+    Rebuild,
+    RedisEventLog,
+    buffer_ttl,
+    event_log,
+    region,
+)
 from .serializers import decision_json, run_end_event
 
 # How long after its settle a run's own run.end may still be on its way (the settling process's
 # events writer may be behind, waiting for the channel layer) before a stream stores it instead.
 END_GRACE_SECONDS = 30.0
 # A step is at most 4 events in a rebuild (start, two deltas, end): a region stays well within the
-# cap, so the events after it are kept too.
+# caps, so the events after it are kept too.
 REBUILD_STEPS = BUFFER_EVENTS // 20
+REBUILD_BYTES = BUFFER_BYTES // 4
 
 
 def replay_after(run_id: str, after: int) -> list[dict[str, Any]]:
-    """Every event of the run with a seq above ``after``, in seq order, each once (the rules above).
-    Reads the database only when the buffer cannot answer."""
+    """Every event of the run with a seq above ``after``, in seq order, each once; or a restart for
+    a client ahead of the server (the rules above). Reads the database only when the buffer cannot
+    answer."""
     log = event_log()
     window = log.window(run_id, after)
     up_to_date = window.top > 0 and after <= window.top
-    if (window.events is not None and (window.events or up_to_date)) or after > MAX_SEQ:
-        return window.events or []
+    if window.events is not None and (window.events or up_to_date):
+        return window.events
     run = Run.objects.filter(pk=run_id).first()
     if run is None:
         return window.events or []
     if run.status in TERMINAL:
         built = rebuild(run)
         events = region(built, [], window.top)
-        if after > (events[-1]["seq"] if window.top else 0):
-            # Sent seqs that neither the counter nor the rebuild after it numbered: the counter was
-            # lost, and a rebuild from 1 would match nothing the client has.
-            events = region(built, [], after)
-        return [e for e in events if e["seq"] > after]
-    if window.events is None or after > window.top or (window.top == 0 and run.started_at is not None):
-        # Behind the buffer, ahead of a lost counter, or the run has run while no seq is known:
-        # store the rebuild.
+        if after <= (events[-1]["seq"] if window.top else 0):
+            return [e for e in events if e["seq"] > after]
+        # Sent seqs that neither the counter nor the rebuild after it numbered.
+        return _restart(events, built.marker, window.top)
+    if after > window.top:
+        return _restart_active(log, run)
+    if window.events is None or (window.top == 0 and run.started_at is not None):
+        # Behind the buffer, or the run has run while no seq is known: store the rebuild.
         return [e for e in log.rebase(run_id, rebuild(run), after) if e["seq"] > after]
     return []
+
+
+def _restart_active(log: MemoryEventLog | RedisEventLog, run: Run) -> list[dict[str, Any]]:
+    whole = log.window(run.pk, 0)
+    marker = {"type": MARKER, "run_id": run.pk, "status": run.status, "from_step": 0}
+    if run.started_at is None:
+        # Nothing to rebuild (and a region's run.start would claim it runs): what it has, if any.
+        return _restart(whole.events or [], marker, whole.top)
+    if whole.events and whole.events[0]["type"] in ("run.start", MARKER):
+        # Held from the run's start or from a region's: the run, whole, with nothing to store.
+        return _restart(whole.events, marker, whole.top)
+    return _restart(log.rebase(run.pk, rebuild(run), None), marker, whole.top)
+
+
+def _restart(events: list[dict[str, Any]], marker: dict[str, Any], top: int) -> list[dict[str, Any]]:
+    """``events`` (the run from its start) opened by a marker: theirs, or one stored nowhere."""
+    if events and events[0]["type"] == MARKER:
+        return events
+    first = events[0]["seq"] if events else top + 1
+    return [{**marker, "seq": first - 1}, *events]
+
+
+def restarts(events: list[dict[str, Any]], after: int) -> bool:
+    """Whether ``events``, a replay for a client at ``after``, is a restart: it opens with a marker
+    at or below that seq. The client, and a stream sending for it, go on from the marker's seq."""
+    return bool(events) and events[0].get("type") == MARKER and events[0]["seq"] <= after
 
 
 def missed_after(run_id: str, after: int) -> list[dict[str, Any]]:
     """The events after ``after`` for a stream repairing what the layer lost: from the buffer alone
     (none yet is an answer too), and rebuilt from the stored steps only when some are gone or the
-    counter no longer knows the stream's seq."""
+    counter no longer knows the stream's seq (then possibly a restart)."""
     window = event_log().window(run_id, after)
-    if window.events is None or window.top < after <= MAX_SEQ:
+    if window.events is None or window.top < after:
         return replay_after(run_id, after)
     return window.events
 
@@ -126,8 +177,13 @@ def rebuild(run: Run) -> Rebuild:
         # A tool step takes its call id from the model call before it: start at a model call.
         first = next((n for n, s in enumerate(steps) if n > 0 and s.kind == "llm"), len(steps))
         steps = steps[first:]
-    events: list[dict[str, Any]] = [{"type": "run.start", "status": Status.RUNNING.value}]
-    events += _step_events(steps, queries.taken_inputs(run, steps), _decisions(run, steps))
+    inputs, decisions = queries.taken_inputs(run, steps), _decisions(run, steps)
+    stepped = _step_events(steps, inputs, decisions)
+    first = _first_fitting(steps, stepped)
+    if first:
+        truncated, steps = True, steps[first:]
+        stepped = _step_events(steps, inputs, decisions)
+    events: list[dict[str, Any]] = [{"type": "run.start", "status": Status.RUNNING.value}, *stepped]
     waiting = run.waitpoints.filter(decision__isnull=True).first() if run.status == Status.WAITING else None
     if waiting is not None:
         events.append(
@@ -152,6 +208,25 @@ def rebuild(run: Run) -> Rebuild:
         truncated=truncated,
         ttl=max(buffer_ttl(event) for event in events),
     )
+
+
+def _first_fitting(steps: list[Step], events: list[dict[str, Any]]) -> int:
+    """Where the steps whose ``events`` fit in ``REBUILD_BYTES`` begin: the first step, or a model
+    call's (a tool step takes its call id from the model call before it); the latest model call's
+    when none fits."""
+    sizes = dict.fromkeys((s.index for s in steps), 0)
+    step = steps[0].index if steps else 0
+    for event in events:
+        step = event.get("step", step)  # a run.resume goes with the step before it
+        sizes[step] += len(json.dumps(event))
+    starts = [0, *(n for n, s in enumerate(steps) if n > 0 and s.kind == "llm")]
+    left, previous = sum(sizes.values()), 0
+    for start in starts:
+        left -= sum(sizes[s.index] for s in steps[previous:start])
+        previous = start
+        if left <= REBUILD_BYTES:
+            return start
+    return starts[-1]
 
 
 def _decisions(run: Run, steps: list[Step]) -> dict[int, dict[str, Any]]:

@@ -162,10 +162,21 @@ ERROR_CODES: tuple[tuple[str, str], ...] = (
     ("forbidden", "the user may view but not steer, cancel or decide"),
     ("invalid_payload", "an input that cannot be stored (`null`, NUL, a lone surrogate)"),
     ("payload_too_large", "an input larger than `MAX_PAYLOAD_BYTES`"),
+    ("too_many_inputs", "an input to a run that has taken `MAX_INPUTS` inputs"),
+    (
+        "inputs_pending",
+        "an input while the inputs waiting for the run's next model call hold `MAX_PENDING_INPUT_BYTES`: "
+        "send it once the model call has taken them",
+    ),
     ("run_settled", "an input to a run that has ended"),
     ("already_decided", "a decision refused: the approval was decided already"),
     ("expired", "a decision refused: the approval expired"),
     ("internal_error", "the command failed unexpectedly (logged for the site)"),
+    (
+        "unauthenticated",
+        "a command on a socket whose session ended (logged out, expired, the password changed, the user "
+        "deactivated) or whose API token was deleted, then close 4401",
+    ),
     (
         "invalid_after",
         "sent when connecting with a bad `?after=` (or a thread socket's `resume=`), then close 4400",

@@ -1,5 +1,6 @@
 """Authentication for the HTTP API: the Django session (CSRF enforced), or ``Authorization: Bearer``
-with an ApiToken (stored hashed; the raw token is shown once when a staff user creates it)."""
+with an ApiToken (stored hashed; the raw token is shown once when a staff user creates it). A
+websocket takes the same token as a subprotocol (``socket_auth.py``)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,18 @@ def _csrf_failure(request: HttpRequest) -> str | None:
 
 # A crash in here (or below: the filter applies to callees) puts the frames' variables in the error
 # report; the raw bearer token must not be among them.
-@sensitive_variables("header", "raw", "token")
+@sensitive_variables("raw")
+def token_user(raw: str) -> tuple[int, Any] | None:
+    """The API token ``raw`` and its user, as (the token's pk, the user), or None: no such token, or
+    its user is not active. Records that the token was used."""
+    token = ApiToken.objects.select_related("user").filter(token_hash=hash_token(raw.strip())).first()
+    if token is None or not token.user.is_active:
+        return None
+    ApiToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
+    return token.pk, token.user
+
+
+@sensitive_variables("header", "raw")
 def authenticate(request: HttpRequest) -> Any:
     """The request's user, from a bearer token or the session. Raises ApiError (401/403)."""
     header = request.headers.get("Authorization", "").strip()
@@ -44,11 +56,10 @@ def authenticate(request: HttpRequest) -> Any:
     if scheme.lower() == "bearer":
         if not raw.strip():
             raise ApiError(401, "unauthenticated", "use 'Authorization: Bearer <token>'")
-        token = ApiToken.objects.select_related("user").filter(token_hash=hash_token(raw.strip())).first()
-        if token is None or not token.user.is_active:
+        found = token_user(raw)
+        if found is None:
             raise ApiError(401, "unauthenticated", "invalid API token")
-        ApiToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
-        return token.user
+        return found[1]
     user = request.user
     if not user.is_authenticated:
         return user

@@ -1,11 +1,14 @@
-"""Websocket consumers (SPEC §8): one run, or every run of a thread.
+"""Websocket consumers (SPEC §8): one run here, every run of a thread in ``thread_consumer.py``.
 
-Authorization happens in ``connect()``: a user who may not watch is accepted and closed at once with
-4403, before any group is joined. A ``?after=`` that is not a seq in ASCII digits gets an
-``invalid_after`` error and a close with 4400. Events replay from the buffer after ``?after=<seq>``,
-then arrive live from the group. A thread socket replays the latest ``THREAD_REPLAY_RUNS`` runs of
-its thread, and the runs its client names in ``resume`` (``socket_query.py``), each after the seq
-the client has of it; older runs send live events only.
+Authentication is the handshake's (``socket_auth.py``: the session, or an API token offered as a
+subprotocol, echoed as ``chamvi``; a refused token is closed with 4401). Authorization happens in
+``connect()``: a user who may not watch is accepted and closed at once with 4403, before any group
+is joined. A ``?after=`` that is not a seq in ASCII digits gets an ``invalid_after`` error and a
+close with 4400. Events replay from the buffer after ``?after=<seq>``, then arrive live from the
+group; a seq ahead of the server gets a restart (``replay.py``), and the socket goes on from its
+marker's seq. A thread socket replays the latest ``THREAD_REPLAY_RUNS`` runs of its thread, and the
+runs its client names in ``resume`` (``socket_query.py``), each after the seq the client has of
+it; older runs send live events only.
 
 Delivery: the channel layer is at most once (channels-redis silently drops a group message for a web
 process whose sockets are over the layer's capacity) and the contract is exactly once. Every event is
@@ -26,7 +29,10 @@ chamvi:stream:drops``): ``gap`` and ``late`` count events sent from the buffer,
 (``replay.py``), ``unrepaired`` events that were neither.
 
 Client messages (``input``, ``cancel``, ``approve``, ``deny``) are answered by
-``socket_commands.py``, with the same policy as the HTTP API.
+``socket_commands.py``, with the same policy as the HTTP API, for the user as they are now: each
+command, and every ``SESSION_SECONDS`` the socket, asks ``socket_auth.current_user``. A session or
+token that no longer authenticates gets ``unauthenticated`` and close 4401; a user who may no longer
+watch, ``not_found`` and 4403.
 """
 
 from __future__ import annotations
@@ -43,25 +49,30 @@ from django.contrib.auth.models import AnonymousUser
 from django.db import close_old_connections
 
 from ..conf import conf
-from ..core.storable import unstorable
-from ..models import Run, Thread
+from ..models import Run
 from ..policy import policy
-from ..streaming.broadcast import events_of, run_group, thread_group
+from ..streaming.broadcast import events_of, run_group
 from ..streaming.buffer import MARKER
-from ..streaming.replay import end_lost, missed_after, replay_after
-from .socket_commands import MAX_DEPTH, answer, error, is_id, malformed
-from .socket_query import BadQuery, after_of, query_of, resume_of
+from ..streaming.replay import end_lost, missed_after, replay_after, restarts
+from .socket_auth import current_user, refused_token, subprotocol
+from .socket_commands import MAX_DEPTH, answer, error, malformed
+from .socket_query import BadQuery, after_of, query_of
 
 logger = logging.getLogger(__name__)
 
 FORBIDDEN = 4403
 BAD_REQUEST = 4400
+UNAUTHENTICATED = 4401
 THREAD_REPLAY_RUNS = 50
 QUIET_SECONDS = 1.0
 QUIET_MAX_SECONDS = 4.0
 QUIET_WAITING_SECONDS = 30.0
 # How often a quiet socket asks the database whether its active runs settled.
 STATUS_SECONDS = 60.0
+# How often a socket asks whether its session (or token) still authenticates its user, who may still
+# watch: 5 indexed queries (session, user, run, the user's permissions) a minute per socket, 3
+# for the run's creator; a logged-out page stops seeing the run within a minute.
+SESSION_SECONDS = 60.0
 DROPS_KEY = "chamvi:stream:drops"
 DROPS: Counter[str] = Counter()
 T = TypeVar("T")
@@ -101,8 +112,8 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
     """``ws/chamvi/runs/<run_id>/``: the events of one run."""
 
     async def connect(self) -> None:
-        await self.accept()
-        self.allowed = False
+        if not await self._accepted():
+            return
         self.run_id: str = self.scope["url_route"]["kwargs"]["run_id"]
         if not await database_sync_to_async(self._can_view)(self.run_id):
             await self.close(code=FORBIDDEN)
@@ -112,13 +123,35 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             return
         await self._open(run_group(self.run_id), after)
 
+    async def _accepted(self) -> bool:
+        """Accept the handshake; a token the handshake refused is closed at once with 4401."""
+        self.allowed = False
+        await self.accept(subprotocol=subprotocol(self.scope))
+        if refused_token(self.scope):
+            await self.close(code=UNAUTHENTICATED)
+            return False
+        self.viewer = self.user
+        return True
+
     @property
     def user(self) -> Any:
+        """The user the socket connected as (``viewer``: as the latest check found it)."""
         return self.scope.get("user") or AnonymousUser()
 
     def _can_view(self, run_id: str) -> bool:
         run = Run.objects.filter(pk=run_id).first()
-        return run is not None and bool(policy().can_view(self.user, run))
+        return run is not None and bool(policy().can_view(self.viewer, run))
+
+    def _watchable(self) -> bool:
+        return self._can_view(self.run_id)
+
+    def _recheck(self) -> int | None:
+        """Who the socket's user is now (``viewer``); the close code for a socket it must not keep."""
+        fresh = current_user(self.scope)
+        if self.user.is_authenticated and (not fresh.is_authenticated or fresh.pk != self.user.pk):
+            return UNAUTHENTICATED
+        self.viewer = fresh
+        return None if self._watchable() else FORBIDDEN
 
     async def _after(self) -> dict[str, int] | None:
         """The seq to replay after of this socket's run, or None for a query whose ``after`` is not a
@@ -135,7 +168,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
 
     async def _open(self, group: str, after: dict[str, int]) -> None:
         """Join ``group``, replay the runs of ``after`` (run id -> seq), then watch for lost events."""
-        # Nothing at or before ``after`` is sent, not even live, should a run not have reached it.
+        # Nothing at or before ``after`` is sent, live or replayed, but a restart (``_send_replayed``).
         self.last_seq: dict[str, int] = dict(after)
         self.active: set[str] = set(after)  # runs whose run.end this socket has not sent
         self.waiting: set[str] = set()  # runs whose last event this socket sent is run.waiting
@@ -146,13 +179,12 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         self.allowed = True
         settled = await _in_thread(end_lost)(list(after))
         for run_id in after:
-            for event in await _in_thread(replay_after)(run_id, self.last_seq[run_id]):
-                await self._send_event(event)
+            await self._send_replayed(run_id, await _in_thread(replay_after)(run_id, self.last_seq[run_id]))
         # Settled a while ago, their end in the buffer: the replay sent what they will ever have (a
         # client that names a run at its end gets nothing, and must not be watched for more).
         self.active -= settled
         self.quiet = QUIET_SECONDS
-        self.heard = self.checked = asyncio.get_running_loop().time()
+        self.heard = self.checked = self.rechecked = asyncio.get_running_loop().time()
         self.watchdog = asyncio.ensure_future(self._watch())
 
     async def disconnect(self, code: int) -> None:
@@ -161,6 +193,13 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             watchdog.cancel()
 
     # --- delivery -----------------------------------------------------------------------------
+
+    async def _send_replayed(self, run_id: str, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Send what a replay or a repair brought; the events sent. A restart (the client, or this
+        socket, was ahead of the server) goes on from its marker's seq, which is at or below ours."""
+        if restarts(events, self.last_seq.get(run_id, 0)):
+            self.last_seq[run_id] = events[0]["seq"] - 1
+        return [e for e in events if await self._send_event(e)]
 
     async def _send_event(self, event: dict[str, Any]) -> bool:
         """Send ``event`` unless this socket has sent its seq (or a later one) of its run."""
@@ -186,7 +225,6 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         """A live event: first what the layer lost before it, if anything."""
         run_id, seq = event.get("run_id", ""), event.get("seq")
         async with self.lock:
-            self.heard, self.quiet = asyncio.get_running_loop().time(), QUIET_SECONDS
             if isinstance(seq, int) and seq > self.last_seq.get(run_id, 0) + 1:
                 try:
                     await self._repair(run_id, before=seq)
@@ -195,7 +233,10 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
                     # check fills the gap and sends this one from the buffer.
                     logger.warning("run %s: could not fill a gap before seq %d", run_id, seq, exc_info=True)
                     return
-            await self._send_event(event)
+            # Only what is sent counts as heard: live seqs below ours (the run's seqs were lost and
+            # start over) leave the quiet check to find the restart.
+            if await self._send_event(event):
+                self.heard, self.quiet = asyncio.get_running_loop().time(), QUIET_SECONDS
 
     async def _repair(self, run_id: str, before: int | None = None) -> int:
         """Send the run's buffered events this socket has not sent: those before ``before`` were
@@ -207,7 +248,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         if before is not None and not rebuilt:
             # Only the gap: an event after it that the layer also loses is counted at the next gap.
             events = [e for e in events if e["seq"] < before]
-        sent = [e for e in events if await self._send_event(e)]
+        sent = await self._send_replayed(run_id, events)
         if rebuilt:
             # The buffer no longer held them: the run was rebuilt from its steps (replay.py), and
             # the client told so by the marker.
@@ -229,7 +270,17 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         and less often while nothing turns up."""
         loop = asyncio.get_running_loop()
         while True:
-            wait = self.heard + self.quiet - loop.time()
+            if loop.time() >= self.rechecked + SESSION_SECONDS:
+                self.rechecked = loop.time()
+                try:
+                    code = await _in_thread(self._recheck)()
+                except Exception:  # a database hiccup: ask again at the next check
+                    logger.warning("could not check a socket's user", exc_info=True)
+                    code = None
+                if code is not None:
+                    await self.close(code=code)
+                    return
+            wait = min(self.heard + self.quiet, self.rechecked + SESSION_SECONDS) - loop.time()
             if wait > 0:
                 await asyncio.sleep(wait)
                 continue
@@ -275,10 +326,26 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         await self.receive_json(content, **kwargs)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        reply = malformed(content) or await database_sync_to_async(answer)(
-            self.user, content, self._target, self._shows
-        )
+        reply, code = malformed(content), None
+        if reply is None:
+            reply, code = await database_sync_to_async(self._command)(content)
         await self.send_json(reply)
+        if code is not None:
+            await self.close(code=code)
+
+    def _command(self, content: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+        """The reply to a command from the socket's user as they are now, and the close code of a
+        socket that user may no longer keep."""
+        try:
+            code = self._recheck()
+        except Exception:  # as answer() does with a command that fails unexpectedly
+            logger.exception("could not check a socket's user")
+            return error("internal_error", "the command failed"), None
+        if code == UNAUTHENTICATED:
+            return error("unauthenticated", "the session has ended: log in again"), code
+        if code == FORBIDDEN:
+            return error("not_found", "you may no longer view this"), code
+        return answer(self.viewer, content, self._target, self._shows), None
 
     def _target(self, content: dict[str, Any]) -> Run | None:
         """The run a steering message is for: this socket's run (naming another one is refused)."""
@@ -290,68 +357,4 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         return run.pk == self.run_id
 
     def _shows(self, run: Run) -> bool:
-        return self._covers(run) and bool(policy().can_view(self.user, run))
-
-
-class ThreadConsumer(RunConsumer):
-    """``ws/chamvi/threads/<thread>/``: the events of every run of a thread the user may view.
-
-    Open to the thread's owner (also before its first run), to any authenticated user while the
-    thread has no owner record yet, and otherwise to whom ``policy().can_view_thread`` allows. Runs
-    the user may not view are neither replayed nor forwarded live."""
-
-    async def connect(self) -> None:
-        await self.accept()
-        self.allowed = False
-        self.thread: str = self.scope["url_route"]["kwargs"]["thread"]
-        # PostgreSQL cannot compare a NUL or a lone surrogate, and no thread has one in its name.
-        if unstorable(self.thread) or not await database_sync_to_async(self._may_watch)():
-            await self.close(code=FORBIDDEN)
-            return
-        seqs = await self._query(lambda query: (after_of(query), resume_of(query)))
-        if seqs is None:
-            return
-        after, resume = seqs
-        self.visible: dict[str, bool] = await database_sync_to_async(self._visibility)(resume)
-        runs = {run_id: resume.get(run_id, after) for run_id, visible in self.visible.items() if visible}
-        await self._open(thread_group(self.thread), runs)
-
-    def _may_watch(self) -> bool:
-        user = self.user
-        if not user.is_authenticated:
-            return False
-        thread = Thread.objects.filter(name=self.thread).first()
-        if thread is None or (thread.owner_id is not None and thread.owner_id == user.pk):
-            return True
-        return bool(policy().can_view_thread(user, thread))
-
-    def _visibility(self, resume: dict[str, int]) -> dict[str, bool]:
-        """The latest ``THREAD_REPLAY_RUNS`` runs of the thread and those of ``resume`` (a client
-        that shows an older run still going), oldest first: may the user view each?"""
-        of_thread = Run.objects.filter(thread=self.thread)
-        runs = {run.pk: run for run in of_thread.order_by("-created_at", "-id")[:THREAD_REPLAY_RUNS]}
-        if resume:
-            runs.update((run.pk, run) for run in of_thread.filter(pk__in=list(resume)))
-        ordered = sorted(runs.values(), key=lambda run: (run.created_at, run.pk))
-        return {run.pk: bool(policy().can_view(self.user, run)) for run in ordered}
-
-    async def chamvi_event(self, message: dict[str, Any]) -> None:
-        for event in events_of(message):
-            run_id = event.get("run_id", "")
-            if run_id not in self.visible:
-                # A run started in the thread after this socket connected, or one older than the replay.
-                self.visible[run_id] = await database_sync_to_async(self._can_view)(run_id)
-                if self.visible[run_id]:
-                    self.active.add(run_id)
-            if self.visible[run_id]:
-                await self._deliver(event)
-
-    def _target(self, content: dict[str, Any]) -> Run | None:
-        """A steering message on a thread socket names its run, which must be of this thread."""
-        run_id = content.get("run_id")
-        if not is_id(run_id):
-            return None
-        return Run.objects.filter(pk=run_id, thread=self.thread).first()
-
-    def _covers(self, run: Run) -> bool:
-        return run.thread == self.thread
+        return self._covers(run) and bool(policy().can_view(self.viewer, run))

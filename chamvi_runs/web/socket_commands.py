@@ -1,8 +1,9 @@
 """What a client may send over a websocket (SPEC §8: ``input``, ``cancel``, ``approve``, ``deny``) and
 the answer each gets: an ``ack``, or an ``error`` with a stable code. Each is checked against the
-same policy as the HTTP API. A malformed message (not JSON, not an object, nested deeper than
-``MAX_DEPTH``) is an error reply, never a disconnect; so is a command that fails unexpectedly (its
-cause is logged for the site).
+same policy as the HTTP API, for the user as the database says now (the consumer looks them up
+again for every command: ``socket_auth.current_user``). A malformed message (not JSON, not an
+object, nested deeper than ``MAX_DEPTH``) is an error reply, never a disconnect; so is a command
+that fails unexpectedly (its cause is logged for the site).
 """
 
 from __future__ import annotations

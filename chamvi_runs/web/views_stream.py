@@ -1,8 +1,9 @@
 """``GET chamvi/api/runs/<id>/stream/``: the run's events as Server-Sent Events.
 
 The same events as the websocket, with the same replay rules (``replay.py``): ``?after=<seq>`` or
-the ``Last-Event-ID`` header (ASCII digits, else a JSON 400) resumes after a seq. Any web replica
-serves any run, whichever process executes it.
+the ``Last-Event-ID`` header (ASCII digits, else a JSON 400) resumes after a seq; a seq ahead of
+the server gets a restart, and the stream goes on from its marker's seq. Any web replica serves any
+run, whichever process executes it.
 
 A stream holds no database connection while it waits, so a web process serves as many streams as
 it has sockets for. It follows the run's channel-layer group on a channel of its own, as a
@@ -36,7 +37,7 @@ from ..core.numbers import ascii_int
 from ..core.states import TERMINAL
 from ..models import Run
 from ..streaming.broadcast import events_of, publisher, run_group
-from ..streaming.replay import missed_after, replay_after, settled_after
+from ..streaming.replay import missed_after, replay_after, restarts, settled_after
 from .errors import ApiError
 from .views_api import _run_for, api_view
 
@@ -158,6 +159,13 @@ class _Sent:
         self.last = after
         self.ended = False
 
+    def replayed(self, events: list[dict[str, Any]]) -> list[str]:
+        """The frames of what a replay or a repair brought: a restart (the client, or this stream,
+        was ahead of the server) goes on from its marker's seq, which is at or below ours."""
+        if restarts(events, self.last):
+            self.last = events[0]["seq"] - 1
+        return self.frames(events)
+
     def frames(self, events: list[dict[str, Any]]) -> list[str]:
         out = []
         for event in events:
@@ -182,7 +190,7 @@ async def _events(run_id: str, after: int) -> AsyncIterator[str]:
         await follower.join()
         sent = _Sent(after)
         events, settled = await _briefly(_opening, run_id, after)
-        for frame in sent.frames(events):
+        for frame in sent.replayed(events):
             yield frame
         loop = asyncio.get_running_loop()
         now = loop.time()
@@ -197,16 +205,18 @@ async def _events(run_id: str, after: int) -> AsyncIterator[str]:
             now = loop.time()
             frames: list[str] = []
             try:
-                if live is not None:
+                for event in live or []:
+                    seq = event.get("seq")
+                    if isinstance(seq, int) and seq > sent.last + 1:
+                        frames += sent.replayed(await _briefly(missed_after, run_id, sent.last))
+                    frames += sent.frames([event])
+                if frames:
                     heard, quiet = now, QUIET_SECONDS
-                    for event in live:
-                        seq = event.get("seq")
-                        if isinstance(seq, int) and seq > sent.last + 1:
-                            frames += sent.frames(await _briefly(missed_after, run_id, sent.last))
-                        frames += sent.frames([event])
+                # Live seqs below ours (the run's seqs were lost and start over) are not heard: the
+                # quiet check finds the restart.
                 elif now >= heard + quiet:
                     heard, quiet = now, min(quiet * 2, QUIET_MAX_SECONDS)
-                    frames = sent.frames(await _briefly(missed_after, run_id, sent.last))
+                    frames = sent.replayed(await _briefly(missed_after, run_id, sent.last))
                 if settled_at is None and now >= checked + STATUS_SECONDS:
                     checked = now
                     settled_at = now if await _briefly(_settled, run_id) else None
@@ -225,7 +235,7 @@ async def _events(run_id: str, after: int) -> AsyncIterator[str]:
                 except Exception:  # Redis or the database hiccuped: the client reconnects
                     logger.warning("SSE: could not read run %s", run_id, exc_info=True)
                     return
-                for frame in sent.frames(ended):
+                for frame in sent.replayed(ended):
                     yield frame
                 return
             elif now >= spoke + KEEPALIVE_SECONDS:

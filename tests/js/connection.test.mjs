@@ -196,8 +196,9 @@ test("a thread socket that lost a run's seqs (Redis lost its data) serves the cl
   const second = FakeWebSocket.last;
   assert.equal(second.resume, "run_a:3");
   second.open();
-  // What the server answers once it no longer knows the run's seqs: the run rebuilt after seq 3.
-  second.messages(numbered("run_a", 4, [
+  // What the server answers once it no longer knows the run's seqs: a restart, the run rebuilt from
+  // seq 1 behind a marker (stored nowhere) at seq 0, below the client's seq.
+  second.messages(numbered("run_a", 0, [
     {type: "replay.truncated", status: "completed", from_step: 0},
     {type: "run.start", status: "running"},
     {type: "step.start", step: 0, attempt: 1},
@@ -210,6 +211,35 @@ test("a thread socket that lost a run's seqs (Redis lost its data) serves the cl
   assert.equal(run.status, "completed");
   assert.deepEqual(transcript(run), ["message 0#1: First answer."]);
   assert.equal(run.end.output, "First answer.");
+  assert.equal(run.last_seq, 5);
+  client.close();
+});
+
+test("a restart on reconnect (the server lost the run's seqs): the page starts over and resumes by the new seqs", async () => {
+  const {client} = follow();
+  const first = FakeWebSocket.last;
+  first.open();
+  first.messages(CHATTY.slice(0, 5));  // up to "wor", seq 5
+  first.serverClose(1006);
+  await waitFor(() => FakeWebSocket.instances.length === 2, "the reconnect");
+  const second = FakeWebSocket.last;
+  assert.equal(second.after, "5");
+  second.open();
+  // Redis lost the run's seqs after seq 2 reached another process: the server holds 1..2 only.
+  const restart = numbered(RUN_ID, 0, [
+    {type: "replay.truncated", status: "running", from_step: 0},
+    {type: "run.start", status: "running"},
+    {type: "step.start", step: 0, attempt: 1},
+    {type: "delta", step: 0, attempt: 1, kind: "text", text: "Hello, wor"},
+  ]);
+  second.messages(restart);
+  assert.equal(client.state.last_seq, 3);
+  assert.deepEqual(transcript(client.state), ["message 0#1: Hello, wor"]);
+  second.messages(numbered(RUN_ID, 4, [{type: "delta", step: 0, attempt: 1, kind: "text", text: "ld."}]));
+  assert.deepEqual(transcript(client.state), ["message 0#1: Hello, world."]);
+  second.serverClose(1006);
+  await waitFor(() => FakeWebSocket.instances.length === 3, "the next reconnect");
+  assert.equal(FakeWebSocket.last.after, "4", "it resumes after the seqs the server numbers now");
   client.close();
 });
 
@@ -462,6 +492,37 @@ test("close 4403: the client gives up with forbidden and does not reconnect", as
   assert.equal(FakeWebSocket.instances.length, 1);
   await assert.rejects(client.input("x"), {code: "forbidden"});
   assert.ok(!changes.some((c) => c.status === "reconnecting"));
+});
+
+test("close 4401 (the session ended): the command is refused, and the client reports it and does not reconnect", async () => {
+  const {client, changes} = follow();
+  const socket = FakeWebSocket.last;
+  socket.open();
+  socket.messages(UNTIL_WAITING);
+  const approval = outcome(client.approve());
+  await flush();
+  socket.message({type: "error", code: "unauthenticated", message: "the session has ended: log in again"});
+  socket.serverClose(4401);
+  await approval.promise;
+  assert.equal(approval.error.code, "unauthenticated");
+  assert.equal(client.connection, "closed");
+  assert.equal(changes.at(-1).code, "unauthenticated");
+  assert.equal(client.error.code, "unauthenticated");
+  assert.equal(client.error.status, 4401);
+  await sleep(10);
+  assert.equal(FakeWebSocket.instances.length, 1);
+  assert.ok(!changes.some((c) => c.status === "reconnecting"));
+});
+
+test("with an API token the socket offers it as a subprotocol beside chamvi, never in the URL", () => {
+  connectRun(RUN_ID, {...base(), token: "chv_s3cret"});
+  const socket = FakeWebSocket.last;
+  assert.deepEqual(socket.protocols, ["chamvi", "chamvi.bearer.chv_s3cret"]);
+  assert.ok(!socket.url.includes("s3cret"));
+  connectThread("customer-42", {...base(), token: "chv_s3cret"});
+  assert.deepEqual(FakeWebSocket.last.protocols, ["chamvi", "chamvi.bearer.chv_s3cret"]);
+  connectRun(RUN_ID, base());
+  assert.deepEqual(FakeWebSocket.last.protocols, [], "a session's socket offers no subprotocol");
 });
 
 test("close 4400 after invalid_after: the client gives up with invalid_after", async () => {

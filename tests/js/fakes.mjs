@@ -21,8 +21,9 @@ export class FakeWebSocket {
     return FakeWebSocket.instances.at(-1);
   }
 
-  constructor(url) {
+  constructor(url, protocols = []) {
     this.url = url;
+    this.protocols = protocols;
     this.readyState = FakeWebSocket.CONNECTING;
     this.sent = [];
     this.clientClose = null;  // the code the client closed with, if it did

@@ -172,6 +172,37 @@ test("over SSE, commands are HTTP POSTs with the CSRF token, resolved as acks", 
   client.close();
 });
 
+test("with an API token, the stream and the commands send it as a bearer token", async () => {
+  const fetch = fakeFetch({onPost: () => jsonResponse(202, {id: "inp_1", run_id: RUN_ID})});
+  const {client} = followSse(fetch, {token: "chv_s3cret", csrfToken: "", base: "https://example.test/chamvi/"});
+  await waitFor(() => fetch.streams.length === 1, "the stream");
+  assert.equal(fetch.gets[0].url, "https://example.test/chamvi/api/runs/run_2bq0/stream/?after=0");
+  assert.equal(fetch.gets[0].headers.Authorization, "Bearer chv_s3cret");
+  fetch.streams[0].events(bySeq(1, 3));
+  await waitFor(() => client.state.last_seq === 3, "the events");
+  assert.deepEqual(await client.input("hi"), {type: "ack", action: "input", input_id: "inp_1"});
+  assert.equal(fetch.posts[0].headers.Authorization, "Bearer chv_s3cret");
+  assert.equal(fetch.posts[0].headers["X-CSRFToken"], undefined);
+  client.close();
+});
+
+test("over SSE, a restart (a marker below the seq taken) starts the page over; the next stream resumes by it", async () => {
+  const fetch = fakeFetch();
+  const {client} = followSse(fetch, {after: 7});
+  await waitFor(() => fetch.streams.length === 1, "the stream");
+  // The server no longer knows seq 7: the run from its start, behind a marker at 0.
+  fetch.streams[0].events([
+    {type: "replay.truncated", run_id: RUN_ID, seq: 0, status: "running", from_step: 0},
+    ...bySeq(1, 3),
+  ]);
+  await waitFor(() => client.state.last_seq === 3, "the restart");
+  assert.deepEqual(transcript(client.state), ["message 0#1: Let me look that order up."]);
+  fetch.streams[0].end();
+  await waitFor(() => fetch.streams.length === 2, "the next stream");
+  assert.ok(fetch.gets[1].url.endsWith("?after=3"));
+  client.close();
+});
+
 test("over SSE, an HTTP refusal rejects with the API's code, message and status", async () => {
   const fetch = fakeFetch({
     onPost(url) {

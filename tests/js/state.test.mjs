@@ -148,6 +148,24 @@ test("replay.truncated drops what was shown and the rebuild that follows shows t
   assert.equal(state.last_seq, 12 + rebuilt.length - 1);
 });
 
+test("a replay.truncated at or below the seq taken is a restart: taken, and the run goes on from its seq", () => {
+  const state = applied(bySeq(1, 10));
+  assert.equal(state.last_seq, 10);
+  // The server lost the run's seqs and numbers it from 1 again, behind a marker at 0.
+  const restart = [{...docSample("streaming-truncated"), seq: 0}, ...UNTIL_WAITING.slice(0, 4)];
+  assert.equal(state.apply(restart[0]), true);
+  assert.equal(state.last_seq, 0);
+  assert.deepEqual(state.items, []);
+  applied(restart.slice(1), state);
+  assert.equal(state.last_seq, 4);
+  assert.deepEqual(transcript(state), ["message 0#1: Let me look that order up."]);
+  // At the very seq taken (a region stored right after the run's highest seq) it is taken too.
+  assert.equal(state.apply({...docSample("streaming-truncated"), seq: 4}), true);
+  assert.deepEqual(state.items, []);
+  // Other events at or below it are still skipped.
+  assert.equal(state.apply(UNTIL_WAITING[2]), false);
+});
+
 test("replay.truncated also forgets an open approval and the receipt", () => {
   const state = applied(SAMPLE);
   state.apply({type: "replay.truncated", run_id: RUN_ID, seq: 19, status: "completed", from_step: 3});

@@ -5,7 +5,7 @@
 export type Json = null | boolean | number | string | Json[] | {[key: string]: Json};
 export type RunStatus = "queued" | "running" | "waiting" | "interrupted" | "completed" | "failed" | "cancelled";
 export type EventType = "run.start" | "run.resume" | "input" | "step.start" | "delta" | "step.end" | "tool.call" | "tool.result" | "run.waiting" | "run.end" | "replay.truncated";
-export type ErrorCode = "invalid_message" | "not_found" | "forbidden" | "invalid_payload" | "payload_too_large" | "run_settled" | "already_decided" | "expired" | "internal_error" | "invalid_after";
+export type ErrorCode = "invalid_message" | "not_found" | "forbidden" | "invalid_payload" | "payload_too_large" | "too_many_inputs" | "inputs_pending" | "run_settled" | "already_decided" | "expired" | "internal_error" | "unauthenticated" | "invalid_after";
 export interface Usage { input_tokens: number; output_tokens: number; }
 export interface RunError { code: string; message: string; }
 export interface Decision {
@@ -185,7 +185,8 @@ export type ClientErrorCode = ErrorCode | "connection_lost" | "timeout" | "close
 export declare class ChamviError extends Error {
   readonly code: ClientErrorCode;
   /** The HTTP status of a refusal over HTTP (Server-Sent Events mode), or the websocket close code
-      (4403, 4400) of a refused connection that ended the client; else null. */
+      that ended the client (4403: may not watch; 4400: a bad after; 4401: the session ended or the
+      API token was deleted, code `unauthenticated`); else null. */
   readonly status: number | null;
   constructor(code: ClientErrorCode, message: string, options?: { status?: number | null });
 }
@@ -251,10 +252,13 @@ export interface Waiting {
 /** What a run settled with: its run.end event without the envelope. */
 export type Receipt = Omit<RunEndEvent, "type" | "run_id" | "seq">;
 
+/** A run as its events tell it. Events are taken once, in seq order; a `replay.truncated` is taken
+    whatever its seq (the server starts the run over: it lost the seqs it sent, or never sent the
+    one the client named): the state is cleared and `last_seq` becomes the marker's seq. */
 export declare class RunState {
   constructor(runId: string);
   readonly run_id: string;
-  /** The highest seq taken: a reconnect resumes after it. */
+  /** The highest seq taken (or a restart's marker's): a reconnect resumes after it. */
   last_seq: number;
   status: RunStatus | null;
   /** The conversation in order. */
@@ -269,7 +273,8 @@ export declare class RunState {
   readonly ended: boolean;
   message(step: number): MessageItem | null;
   tool(step: number): ToolItem | null;
-  /** Takes an event once, in seq order; whether it changed the state. */
+  /** Takes an event once, in seq order (a replay.truncated whatever its seq); whether it changed
+      the state. */
   apply(event: RunEvent): boolean;
 }
 
@@ -292,7 +297,8 @@ export interface ConnectionChange {
   delay?: number;
   /** The close code or HTTP status that ended the connection, or the error code that closed it. */
   code?: number | string;
-  /** Set when the client gave up: forbidden, invalid_after, or another refusal. */
+  /** Set when the client gave up: forbidden, invalid_after, unauthenticated (the session ended or
+      the API token was deleted: log in again), or another refusal. */
   error?: ChamviError;
 }
 
@@ -317,6 +323,11 @@ export interface ClientOptions {
   csrfToken?: string | (() => string) | undefined;
   /** How long a command waits for its answer, in ms (15000); a command over HTTP is aborted then. */
   commandTimeout?: number | undefined;
+  /** An API token (made in the admin) instead of the session, for scripts (Node 22+ and Deno have
+      `WebSocket` and `fetch`; give `location` and an absolute `base`) and pages without one. The
+      websocket offers it as the subprotocol `chamvi.bearer.<token>` beside `chamvi`, never in the
+      URL; HTTP requests send `Authorization: Bearer <token>`. */
+  token?: string | null | undefined;
   backoff?: Backoff | BackoffOptions | undefined;
   location?: { protocol: string; host: string } | undefined;
   /** null: no websockets, as in a browser without them. */

@@ -23,8 +23,12 @@ export const EVENT_TYPES = Object.freeze([
 // </vocabulary>
 
 const TERMINAL = new Set(["completed", "failed", "cancelled"]);
-// Close codes after which reconnecting cannot help (SPEC §8): may not watch; a bad ?after=.
-const FATAL_CLOSE = {4403: "forbidden", 4400: "invalid_after"};
+// Close codes after which reconnecting cannot help (SPEC §8): may not watch; a bad ?after=; the
+// session ended (logged out, expired, password changed) or the API token was deleted.
+const FATAL_CLOSE = {4403: "forbidden", 4400: "invalid_after", 4401: "unauthenticated"};
+// A websocket authenticated by an API token offers it as a subprotocol beside this one, which the
+// server echoes: a URL would put the token in access logs.
+const SUBPROTOCOL = "chamvi";
 // A websocket that never opens this many times in a row, before any has opened, is taken as
 // unavailable (a proxy that strips the upgrade): the client goes on over Server-Sent Events, if it
 // may. Once one has opened, failures are the network's (a laptop off its wifi), not the proxy's.
@@ -67,7 +71,9 @@ export class Backoff {
 }
 
 /** One run as its events tell it. `apply(event)` takes each event once, in seq order (it skips a
-    seq it has seen), and returns whether it changed anything.
+    seq it has seen), and returns whether it changed anything. A `replay.truncated` is taken
+    whatever its seq: the server starts the run over (it lost the seqs it sent, or never sent the
+    one the client named), and the client goes on from the marker's seq.
 
     `items` is the conversation in order: steering inputs, model messages (only the highest attempt
     of each step), tool calls with their results, and decisions. `waiting` is the open approval,
@@ -102,7 +108,8 @@ export class RunState {
   }
 
   apply(event) {
-    if (typeof event.seq !== "number" || event.seq <= this.last_seq) return false;
+    if (typeof event.seq !== "number") return false;
+    if (event.seq <= this.last_seq && event.type !== "replay.truncated") return false;
     this.last_seq = event.seq;
     const handler = APPLY[event.type];
     if (handler) handler(this, event);
@@ -233,6 +240,7 @@ function defaults(given) {
     headers: {},
     csrfToken: csrfFromCookie,
     commandTimeout: 15000,
+    token: null,
     WebSocket: globalThis.WebSocket,
     fetch: globalThis.fetch?.bind(globalThis),
     ...options,
@@ -326,7 +334,10 @@ class Connection {
   openSocket() {
     this.transport = "websocket";
     this.setConnection("connecting");
-    const socket = new this.options.WebSocket(this.socketUrl());
+    const {token} = this.options;
+    const socket = token
+      ? new this.options.WebSocket(this.socketUrl(), [SUBPROTOCOL, `chamvi.bearer.${token}`])
+      : new this.options.WebSocket(this.socketUrl());
     this.socket = socket;
     let opened = false;
     socket.onopen = () => {
@@ -400,11 +411,11 @@ class Connection {
     this.setConnection("connecting");
     const controller = new AbortController();
     this.stream = controller;
-    const {base, fetch, headers} = this.options;
+    const {base, fetch} = this.options;
     let response;
     try {
       response = await fetch(`${base}${this.ssePath()}?after=${this.after()}`, {
-        headers: {Accept: "text/event-stream", ...headers},
+        headers: {Accept: "text/event-stream", ...httpHeaders(this.options)},
         credentials: "same-origin",
         signal: controller.signal,
       });
@@ -605,16 +616,22 @@ function postJsonWithin(options, path, body, closing = null) {
   });
 }
 
-/** POSTs `body` as JSON to the HTTP API with the session's CSRF token; the response's JSON, or a
-    ChamviError with the API's error code and the HTTP status. */
-async function postJson({base, fetch, headers, csrfToken}, path, body, signal = null) {
-  const token = typeof csrfToken === "function" ? csrfToken() : csrfToken;
+/** The headers of every HTTP request: the API token's, then the page's own. */
+function httpHeaders({token, headers}) {
+  return {...(token ? {Authorization: `Bearer ${token}`} : {}), ...headers};
+}
+
+/** POSTs `body` as JSON to the HTTP API with the session's CSRF token (or the API token); the
+    response's JSON, or a ChamviError with the API's error code and the HTTP status. */
+async function postJson(options, path, body, signal = null) {
+  const {base, fetch, csrfToken} = options;
+  const csrf = typeof csrfToken === "function" ? csrfToken() : csrfToken;
   let response;
   try {
     response = await fetch(`${base}${path}`, {
       method: "POST",
       credentials: "same-origin",
-      headers: {"Content-Type": "application/json", ...(token ? {"X-CSRFToken": token} : {}), ...headers},
+      headers: {"Content-Type": "application/json", ...(csrf ? {"X-CSRFToken": csrf} : {}), ...httpHeaders(options)},
       body: JSON.stringify(body),
       signal,
     });

@@ -90,6 +90,18 @@ async function decide(): Promise<void> {
   await client.approve("apr_9XkQ");
 }
 
+// A script (Node 22+, Deno) with an API token: no session, no CSRF token, no page to take the host from.
+const script = connectRun("run_2bq0", {
+  token: "chv_0123456789",
+  location: {protocol: "https:", host: "example.com"},
+  base: "https://example.com/chamvi/",
+});
+script.on("connection", ({error}) => {
+  if (error?.code === "unauthenticated") console.log("the token was deleted");
+});
+// @ts-expect-error a token is a string
+connectRun("run_2bq0", {token: 42});
+
 const thread = connectThread("customer-42");
 thread.on("run", (state) => console.log(state.run_id, state.status));
 void thread.input("run_2bq0", "hello");
