@@ -4,26 +4,37 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+CKSUM := $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+# The demo installs what it runs: the package and its dependencies, without compiling every module
+# ahead (Python compiles what it imports). Everything else also needs the test, lint and browser
+# tools (the dev extra, a minute more).
+BASE := $(VENV)/.installed-base-$(CKSUM)
+DEV := $(VENV)/.installed-dev-$(CKSUM)
+# The venv gets no pip of its own until the dev tools need one (ensurepip: some 10 s): the pip of
+# $(PYTHON) installs into it (pip 22.3+, --python). A $(PYTHON) without such a pip gives the venv its own.
+HOST_PIP := $(shell $(PYTHON) -m pip --help 2>/dev/null | grep -q -- '--python <python>' && echo yes)
+PIP := $(if $(HOST_PIP),$(PYTHON) -m pip --python $(PY),$(PY) -m pip)
 
 .PHONY: demo test test-django6 soak bench bench-overhead worker tick clean screenshots
 
 $(PY):
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+	$(PYTHON) -m venv $(if $(HOST_PIP),--without-pip) $(VENV)
 
-$(STAMP): $(PY) pyproject.toml
+$(BASE): $(PY) pyproject.toml
+	$(PIP) install --quiet --no-compile -e .
+	touch $(BASE)
+
+$(DEV): $(PY) pyproject.toml
+	$(PY) -m pip --version >/dev/null 2>&1 || $(PY) -m ensurepip --upgrade
 	$(PY) -m pip install --quiet -e '.[dev]'
-	rm -f $(VENV)/.installed-*
-	touch $(STAMP)
+	touch $(DEV) $(BASE)
 
-demo: $(STAMP)
-	$(PY) manage.py migrate --no-input
-	$(PY) manage.py chamvi_demo_user
+demo: $(BASE)
+	$(PY) manage.py chamvi_demo_user --migrate
 	@echo "Serving on http://127.0.0.1:$(PORT)/ (Ctrl-C to stop)"
 	$(PY) -m daphne -b 127.0.0.1 -p $(PORT) project.asgi:application
 
-test: $(STAMP)
+test: $(DEV)
 	$(PY) -m ruff check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m mypy chamvi_runs
@@ -53,27 +64,27 @@ test-django6:
 
 # The fault-injection suite at SCALE times its CI size (default 5: 250 randomly killed runs, ...).
 SCALE ?= 5
-soak: $(STAMP)
+soak: $(DEV)
 	CHAMVI_FAULT_SCALE=$(SCALE) $(PY) -m pytest tests/faults
 
 # The PNGs of docs/screenshots/, taken by the browser suite (headless Chromium) as it goes.
-screenshots: $(STAMP)
+screenshots: $(DEV)
 	CHAMVI_SCREENSHOTS=docs/screenshots $(PY) -m pytest tests/browser -q
 
 # chamvi_runs beside the bare openai calls, raw SQL, LangGraph and DBOS (docs/benchmarks.md and .png).
 # The peers and matplotlib go into venvs of their own under $CHAMVI_BENCH_HOME, never into $(VENV).
 # BENCH_ARGS passes options, e.g. make bench BENCH_ARGS="--systems bare,chamvi --reps 1".
-bench: $(STAMP)
+bench: $(DEV)
 	$(PY) bench/compare.py $(BENCH_ARGS)
 
 # The engine's in-process overhead against the bare openai client (docs/performance.md).
-bench-overhead: $(STAMP)
+bench-overhead: $(DEV)
 	$(PY) bench/overhead.py
 
-worker: $(STAMP)
+worker: $(BASE)
 	$(PY) manage.py rqworker chamvi
 
-tick: $(STAMP)
+tick: $(BASE)
 	$(PY) manage.py chamvi_tick
 
 clean:

@@ -10,7 +10,7 @@ class ChamviRunsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401  (registers the system checks)
+        from . import checks, checks_deploy  # noqa: F401  (register the system checks)
 
         # Like admin.py: every installed app's agents.py defines and registers its agents.
         autodiscover_modules("agents")

@@ -208,7 +208,11 @@ def check_metrics(app_configs: Any = None, **kwargs: Any) -> list[Error]:
             Error(
                 f"CHAMVI_RUNS['{wanted[0]}'] is set, but prometheus-client is not installed: "
                 "chamvi_runs cannot export metrics without it",
-                hint="pip install 'chamvi-runs[metrics]' (or 'prometheus-client>=0.20').",
+                # chamvi-runs is on no package index: the extra comes with a checkout or a wheel.
+                hint="pip install 'prometheus-client>=0.20', or chamvi-runs[metrics] from your checkout: "
+                "pip install '/path/to/chamvi_runs[metrics]' (or a wheel built from it: "
+                "pip wheel --no-deps /path/to/chamvi_runs, then "
+                "pip install './chamvi_runs-<version>-py3-none-any.whl[metrics]').",
                 id="chamvi_runs.E024",
             )
         )
@@ -355,7 +359,8 @@ def check_login_url(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
         Warning(
             f"settings.LOGIN_URL ({shown!r}) resolves to no view: the chamvi_runs pages "
             "redirect anonymous visitors there",
-            hint='Point it at your login view, e.g. LOGIN_URL = "admin:login".',
+            hint="Point it at your site's login view; a brand-new site without one can use the admin's, "
+            'LOGIN_URL = "admin:login", which lets staff users in only.',
             id="chamvi_runs.W005",
         )
     ]

@@ -17,6 +17,10 @@ with Django's connection pool, hands it back while its run waits on the model), 
 ``CONN_HEALTH_CHECKS``). A crash of the process loses no run: its lease expires and
 ``chamvi_tick`` re-enqueues it.
 
+Several sites whose workers share a Redis queue (the default name, ``chamvi``) would take each
+other's jobs: a job stamped by another site, for a run this database does not hold, goes back to
+the queue untouched, and the worker logs an error naming the fix once (``dispatch.sites``).
+
 With ``CHAMVI_RUNS["METRICS_PORT"]`` set, the process serves its Prometheus metrics on that port
 (``chamvi_runs.metrics``): its executions, steps and events are counted here, not in a web process.
 """
@@ -34,6 +38,7 @@ from rq.worker import SimpleWorker
 
 from .conf import conf
 from .core.types import AbortSignal
+from .dispatch import sites
 from .dispatch.threads import EXECUTION, ThreadExecutor
 from .store.connections import pooled
 
@@ -49,6 +54,10 @@ run to them); None elsewhere."""
 DRAIN_SECONDS = 30
 """How long a stopping worker waits for its executions to settle ``interrupted`` (they take a few
 seconds: the model call is aborted, the step in flight may finish its writes)."""
+
+
+FOREIGN_JOB_PAUSE = 1.0
+"""How long a worker that finds only other sites' jobs in its queue waits before looking again."""
 
 
 class Worker(SimpleWorker):
@@ -125,6 +134,30 @@ class Worker(SimpleWorker):
         # A job is taken only when a thread is free to start it: a full worker leaves jobs to others.
         while not self.run_threads.wait_for_free(1.0):
             self.heartbeat()
+        put_back: set[str] = set()
+        while True:
+            result = self._dequeue(timeout, max_idle_time)
+            if result is None:
+                return None
+            job, queue = result
+            database = sites.foreign_site(job)
+            # This thread executes no run: the connection the check may have opened (once per
+            # process, or for another site's job) is not kept beside the executions' own.
+            connections.close_all()
+            if database is None:
+                return result
+            self._put_back(job, queue)
+            sites.report_once(job, queue.name, database)
+            if job.id in put_back:
+                # Only other sites' jobs are left: a burst is done; otherwise wait before looking again,
+                # or the worker would spin on them.
+                if timeout is None:
+                    return None
+                shutdown.wait(FOREIGN_JOB_PAUSE)
+                self.heartbeat()
+            put_back.add(job.id)
+
+    def _dequeue(self, timeout: int | None, max_idle_time: int | None) -> Any:
         # It waits for Redis itself once it is listening; what it writes before (its state) does not.
         while True:
             try:
@@ -132,3 +165,11 @@ class Worker(SimpleWorker):
             except redis.exceptions.ConnectionError as exc:
                 logger.warning("dequeue: Redis went away (%s); retrying in 1 s", exc)
                 time.sleep(1)
+
+    def _put_back(self, job: Any, queue: Any) -> None:
+        """``job`` to the end of its queue as it was: its hash is not touched (still ``queued``), and
+        it leaves the list RQ moved it to while a worker takes it (or RQ's cleanup would fail it)."""
+        with self.connection.pipeline() as pipeline:
+            pipeline.lrem(queue.intermediate_queue_key, 1, job.id)
+            queue.push_job_id(job.id, pipeline=pipeline)
+            pipeline.execute()

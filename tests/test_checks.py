@@ -343,8 +343,111 @@ def test_w005_login_url_that_resolves_nowhere(settings, login_url, shown):
 
 
 @pytest.mark.parametrize(
-    "login_url", ["/admin/login/", "admin:login", reverse_lazy("admin:login"), "https://sso.example.com/login"]
+    "login_url",
+    ["/admin/login/", "admin:login", reverse_lazy("admin:login"), "https://sso.example.com/login"],
 )
 def test_w005_quiet_for_a_login_url_that_resolves(settings, login_url):
     settings.LOGIN_URL = login_url
     assert check_login_url() == []
+
+
+# --- how the site is served (chamvi_runs/checks_deploy.py) -------------------------------------
+
+
+def _served_messages() -> list:
+    from chamvi_runs.checks_deploy import check_persistent_connections, check_wildcard_host
+
+    return check_persistent_connections() + check_wildcard_host()
+
+
+def test_every_documented_serving_id_is_tested():
+    from chamvi_runs import checks_deploy
+
+    documented = set(re.findall(r"^([EW]\d{3})\s", checks_deploy.__doc__, flags=re.MULTILINE))
+    assert documented == {"E027", "W007", "W008", "W009"}
+
+
+def test_test_settings_serve_without_messages():
+    # The bundled project: CONN_MAX_AGE 0, its hosts listed.
+    assert _served_messages() == []
+
+
+def _keep_connections(settings, age) -> None:
+    settings.DATABASES = {
+        **settings.DATABASES,
+        "default": {**settings.DATABASES["default"], "CONN_MAX_AGE": age},
+    }
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+@pytest.mark.parametrize("age", [500, None])
+def test_e027_persistent_connections_under_asgi_without_debug(settings, age):
+    # bakerydemo's dj_database_url default (500) under daphne: "too many clients" for the whole server.
+    settings.DEBUG = False
+    _keep_connections(settings, age)
+    [error] = _served_messages()
+    assert type(error) is Error and error.id == "chamvi_runs.E027"
+    assert error.msg.startswith(f"DATABASES['default']['CONN_MAX_AGE'] is {age!r}")
+    assert "too many clients" in error.msg
+    assert 'DATABASES["default"]["CONN_MAX_AGE"] = 0' in error.hint and '["pool"] = True' in error.hint
+    with pytest.raises(SystemCheckError, match=r"chamvi_runs\.E027"):
+        call_command("check")
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_w007_persistent_connections_under_asgi_with_debug(settings, capsys):
+    settings.DEBUG = True
+    _keep_connections(settings, 60)
+    [warning] = _served_messages()
+    assert type(warning) is CheckWarning and warning.id == "chamvi_runs.W007"
+    assert "CONN_MAX_AGE" in warning.msg and 'CONN_MAX_AGE"] = 0' in warning.hint
+    call_command("check")  # a warning in development: runserver still starts
+    assert "chamvi_runs.W007" in capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_persistent_connections_outside_asgi_or_at_zero_are_fine(settings):
+    settings.DEBUG = False
+    _keep_connections(settings, 0)
+    assert _served_messages() == []
+    _keep_connections(settings, 500)
+    del settings.ASGI_APPLICATION  # a WSGI site: its connections are its own business
+    assert _served_messages() == []
+
+
+@pytest.mark.parametrize("hosts", [["*"], ["example.com", "*"]])
+def test_w008_wildcard_allowed_hosts_without_debug(settings, hosts):
+    settings.DEBUG = False
+    settings.ALLOWED_HOSTS = hosts
+    [warning] = _served_messages()
+    assert type(warning) is CheckWarning and warning.id == "chamvi_runs.W008"
+    assert warning.msg.startswith("settings.ALLOWED_HOSTS contains '*'") and "websockets" in warning.msg
+    assert "CSRF_TRUSTED_ORIGINS" in warning.hint and "ALLOWED_HOSTS" in warning.hint
+
+
+@pytest.mark.parametrize(("debug", "hosts"), [(True, ["*"]), (False, ["example.com", ".example.com"])])
+def test_w008_quiet_in_development_or_for_listed_hosts(settings, debug, hosts):
+    settings.DEBUG = debug
+    settings.ALLOWED_HOSTS = hosts
+    assert _served_messages() == []
+
+
+def _deploy_ids() -> set[str]:
+    from django.core.checks import run_checks
+
+    return {m.id for m in run_checks(include_deployment_checks=True)}
+
+
+def test_w009_default_queue_name_under_check_deploy_only(settings):
+    from django.core.checks import run_checks
+
+    assert "chamvi_runs.W009" in _deploy_ids()  # the test settings keep "chamvi"
+    [warning] = [m for m in run_checks(include_deployment_checks=True) if m.id == "chamvi_runs.W009"]
+    assert type(warning) is CheckWarning and warning.msg.startswith("CHAMVI_RUNS['QUEUE']")
+    assert "rqworker mysite" in warning.hint
+    assert "chamvi_runs.W009" not in {m.id for m in run_checks()}  # not in every command
+    settings.RQ_QUEUES = {**settings.RQ_QUEUES, "mysite": settings.RQ_QUEUES["chamvi"]}
+    _override(settings, QUEUE="mysite")
+    assert "chamvi_runs.W009" not in _deploy_ids()
+    _override(settings, QUEUE="chamvi", EXECUTOR="thread")  # embedded mode has no queue
+    assert "chamvi_runs.W009" not in _deploy_ids()

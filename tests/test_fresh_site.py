@@ -8,17 +8,21 @@ import asyncio
 import html
 import http.cookiejar
 import json
+import os
 import re
 import socket
 import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import psycopg
 import pytest
 
-from tests.docsamples import shell_commands
+from tests.conftest import require
+from tests.docsamples import block, shell_commands
 from tests.docsamples.site import check_clean, command_args, create_site, run, site_env
 from tests.ws_client import Socket
 
@@ -93,6 +97,31 @@ def _first_page(browser: Browser, daphne: subprocess.Popen[bytes], deadline: flo
             time.sleep(0.2)
 
 
+def _add_chat_page(cwd: Path) -> None:
+    """docs/chat-client.md's chat page: its settings, its urls.py, its template and its script,
+    each where that page says."""
+    settings = cwd / "mysite" / "settings.py"
+    settings.write_text(settings.read_text() + "\n" + block("chat-page-settings"))
+    (cwd / "mysite" / "urls.py").write_text(block("chat-page-url"))
+    for sample, path in (
+        ("chat-page-html", "templates/example/chat.html"),
+        ("chat-page-js", "static/example/chat.js"),
+    ):
+        (cwd / path).parent.mkdir(parents=True, exist_ok=True)
+        (cwd / path).write_text(block(sample))
+
+
+def _open_chat_page(browser: Browser) -> None:
+    status, page = browser.get("/example/chat/")
+    assert status == 200 and 'data-api="/chamvi/api/runs/"' in page and "csrfmiddlewaretoken" in page
+    scripts = re.findall(r'<script type="module" src="([^"]+)"', page)
+    assert scripts == ["/static/example/chat.js"], scripts
+    status, script = browser.get(scripts[0])
+    assert status == 200 and 'from "../chamvi_runs/client.js"' in script
+    status, client = browser.get("/static/chamvi_runs/client.js")  # what the script imports
+    assert status == 200 and "export function connectThread" in client
+
+
 def _curl(commands: list[str], port: int, env: dict[str, str]) -> dict:
     """A README curl sample, against this site's port, with the variables it names set in ``env``."""
     (command,) = commands
@@ -107,6 +136,7 @@ def test_readme_site_from_startproject_to_an_approved_run(tmp_path: Path) -> Non
     env = site_env()
     started = time.monotonic()
     cwd = create_site(tmp_path, env)
+    _add_chat_page(cwd)
     port = _free_port()
     daphne = _serve(cwd, env, port)
     try:
@@ -119,6 +149,7 @@ def test_readme_site_from_startproject_to_an_approved_run(tmp_path: Path) -> Non
         assert status == 200 and "body" in css
 
         browser.post_form("/admin/login/?next=/admin/", {"username": "admin", "password": PASSWORD})
+        _open_chat_page(browser)
         _, page = browser.post_form("/admin/chamvi_runs/apitoken/add/", {"name": "cli", "user": "1"})
         token = re.search(r"not shown again: (chv_[\w-]+)", html.unescape(page))
         assert token, "the admin showed no new API token"
@@ -158,3 +189,65 @@ async def _watch_and_approve(port: int, session: str, run_id: str, env: dict[str
         assert seqs == list(range(1, len(seqs) + 1))
     finally:
         await ws.close()
+
+
+# A site that is not brand new: its database comes from the environment, on PostgreSQL, with
+# OPTIONS of its own. The README's settings must leave both alone (transaction_mode is SQLite's).
+OWN_DATABASE = """
+import os
+
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": os.environ["SITE_DB_NAME"],
+        "USER": os.environ["SITE_DB_USER"],
+        "HOST": os.environ["SITE_DB_HOST"],
+        "PORT": os.environ["SITE_DB_PORT"],
+        "OPTIONS": {"connect_timeout": 5},
+    }
+}
+"""
+
+EXECUTE_A_RUN = """
+import time
+from django.conf import settings
+from chamvi_runs import start_run
+print(settings.DATABASES["default"]["OPTIONS"])
+run = start_run("support", {"message": "Order A-1001 arrived broken."})
+deadline = time.monotonic() + 30
+while run.status != "waiting" and time.monotonic() < deadline:
+    time.sleep(0.05)
+    run.refresh_from_db()
+print(run.status)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_readme_settings_on_a_postgresql_site_keep_its_database_options(tmp_path: Path) -> None:
+    require("DATABASE_URL")
+    server = urllib.parse.urlsplit(os.environ["DATABASE_URL"])
+    name = f"{server.path.lstrip('/')}_fresh_pg"
+    admin_url = urllib.parse.urlunsplit((server.scheme, server.netloc, "/postgres", "", ""))
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        env = {
+            **site_env(),
+            "SITE_DB_NAME": name,
+            "SITE_DB_USER": server.username or "postgres",
+            "SITE_DB_HOST": server.hostname or "127.0.0.1",
+            "SITE_DB_PORT": str(server.port or 5432),
+        }
+        cwd = create_site(tmp_path, env)
+        settings = cwd / "mysite" / "settings.py"
+        snippet = block("readme-settings-embedded")
+        settings.write_text(settings.read_text().replace(snippet, OWN_DATABASE + "\n" + snippet))
+        check_clean(cwd, env)
+        run([sys.executable, "manage.py", "migrate", "--no-input"], cwd, env)
+        executed = run([sys.executable, "manage.py", "shell", "-c", EXECUTE_A_RUN], cwd, env)
+        # The site's OPTIONS as they were, and the embedded executor claims and runs on PostgreSQL.
+        assert executed.stdout.splitlines()[-2:] == ["{'connect_timeout': 5}", "waiting"], executed.stdout
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -15,6 +15,7 @@ from ..conf import conf
 from ..core.faults import crash_point
 from ..models import Run
 from ..store import queries
+from .sites import stamp
 from .threads import JOB, thread_executor
 
 
@@ -33,6 +34,8 @@ def _enqueue_now(run_id: str) -> None:
         run_id,
         # The run id in the job id lets the janitor see which runs already have a job waiting.
         job_id=f"chamvi-{secrets.token_hex(4)}-{run_id}",
+        # The site that rang: a worker of another site on the same queue puts the job back (sites.py).
+        meta=stamp(),
         # One job is one execution, which may stream for long; the lease, not RQ, bounds it.
         job_timeout=-1,
         # The job hands its run to a thread and returns None: a result is nothing worth storing.

@@ -49,7 +49,8 @@ def create_site(root: Path, env: dict[str, str], settings: str = "readme-setting
             continue
         run(command_args(command), cwd, env)
     path = cwd / "mysite" / "settings.py"
-    path.write_text(path.read_text() + "\n" + block(settings))
+    # A brand-new site: the README's LOGIN_URL line follows either settings snippet.
+    path.write_text(path.read_text() + "\n" + block(settings) + "\n" + block("readme-settings-login"))
     (cwd / "myapp" / "agents.py").write_text(block("readme-agents"))
     (cwd / "myapp" / "scripted.py").write_text(block("readme-scripted"))
     (cwd / "mysite" / "urls.py").write_text(block("readme-urls"))
