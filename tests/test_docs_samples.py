@@ -143,7 +143,7 @@ def test_readme_python_samples_start_steer_decide_and_cancel(readme_site: Any) -
 
     ns = _exec("readme-python-start", {})
     run = ns["run"]
-    assert run.status == "queued" and run.thread == "customer-42"
+    assert run.status == "queued" and run.thread == f"support-{run.created_by_id}"
     _exec("readme-python-steer", ns)
     assert execute(run).status == "waiting"
     assert RunInput.objects.get(run=run).consumed_step == 0
@@ -184,7 +184,7 @@ def test_readme_python_samples_start_steer_decide_and_cancel(readme_site: Any) -
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(60)
 def test_readme_python_samples_again_in_the_same_thread(readme_site: Any) -> None:
-    """docs/http-api.md's customer-42 thread, reused: the second run gets the first run's
+    """The README's thread, reused: the second run gets the first run's
     conversation, tool results included, and the README's script still looks the order up and asks
     for approval (it raised WaitPoint.DoesNotExist when it counted the thread's tool results)."""
     ns: dict[str, Any] = {}
@@ -195,7 +195,7 @@ def test_readme_python_samples_again_in_the_same_thread(readme_site: Any) -> Non
         done = execute(run)
         assert done.status == "completed" and done.output.startswith("Done:"), number
         assert [s.name for s in done.steps.filter(kind="tool")] == ["lookup_order", "issue_refund"]
-    assert run.thread == "customer-42"
+    assert run.thread == f"support-{run.created_by_id}"
 
 
 @pytest.mark.django_db(transaction=True)

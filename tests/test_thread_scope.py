@@ -8,15 +8,17 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from asgiref.sync import async_to_sync, sync_to_async
 
 from chamvi_runs import start_run
 from chamvi_runs.errors import ThreadForbidden
 from chamvi_runs.models import Run, Thread
 from chamvi_runs.policy import DefaultPolicy
 from chamvi_runs.store import Retention, prune
-from tests.helpers import execute, logged_in, session_api
+from tests.helpers import execute, execute_in_thread, logged_in, session_api
 from tests.scripted_server import Reply, finish, text
 from tests.test_http_api import RUNS, error_of
+from tests.test_websocket import expect_forbidden, headers_for, receive_until_end, socket
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 
@@ -138,3 +140,74 @@ def test_a_prune_of_one_users_thread_keeps_the_same_name_of_another(new_user, se
     prune(Retention(older_than=timedelta(days=30), threads=True))
     assert list(Thread.objects.values_list("name", "owner")) == [("t-9", bob.pk)]
     assert not Run.objects.filter(pk=old.pk).exists()
+
+
+# --- thread sockets --------------------------------------------------------------------------------
+
+
+def test_each_users_thread_socket_follows_their_own_thread_of_the_name(new_user, admin_user, server):
+    alice, bob = new_user("chamvi_runs.add_run"), new_user("chamvi_runs.add_run")
+    server.script("m-basic", [Reply(text("for alice"), finish("stop"))])
+    alices = _start(alice, "customer-42", "alice asks")
+    execute(alices["id"])
+    bobs_next = _start(bob, "customer-42", "bob asks")
+    alices_next = _start(alice, "customer-42", "alice again")
+    server.script("m-basic", [Reply(text("for bob"), finish("stop")), Reply(text("alice 2"), finish("stop"))])
+    alice_headers, staff_headers = headers_for(alice), headers_for(admin_user)
+
+    async def scenario():
+        mine = socket("/ws/chamvi/threads/customer-42/?after=0", alice_headers)
+        assert (await mine.connect())[0]
+        replayed = await receive_until_end(mine)
+        staff = socket(f"/ws/chamvi/threads/customer-42/?after=0&scope=user%3A{bob.pk}", staff_headers)
+        assert (await staff.connect())[0]
+        assert await staff.receive_nothing(timeout=0.5), "bob's thread has no settled run to replay yet"
+        await execute_in_thread(bobs_next["id"])
+        await execute_in_thread(alices_next["id"])
+        live = await receive_until_end(mine)
+        bobs = await receive_until_end(staff)
+        await mine.disconnect()
+        await staff.disconnect()
+        return replayed, live, bobs
+
+    replayed, live, bobs = async_to_sync(scenario)()
+    assert {e["run_id"] for e in replayed} == {alices["id"]}
+    assert {e["run_id"] for e in live} == {alices_next["id"]}, "bob's run of the same name is not alice's"
+    assert {e["run_id"] for e in bobs} == {bobs_next["id"]}
+
+
+@pytest.mark.parametrize("how", ["http", "code"])
+def test_a_socket_opened_before_the_threads_first_run_sees_it_however_it_starts(new_user, server, how):
+    alice = new_user("chamvi_runs.add_run")
+    server.script("m-basic", [Reply(text("first"), finish("stop"))])
+    headers = headers_for(alice)
+
+    async def scenario():
+        comm = socket("/ws/chamvi/threads/fresh-1/?after=0", headers)
+        assert (await comm.connect())[0]
+        if how == "http":
+            run_id = (await sync_to_async(_start)(alice, "fresh-1", "hello"))["id"]
+        else:
+            run = await sync_to_async(start_run)("basic", "hello", thread="fresh-1", created_by=alice)
+            run_id = run.pk
+        await execute_in_thread(run_id)
+        live = await receive_until_end(comm)
+        await comm.disconnect()
+        return run_id, live
+
+    run_id, live = async_to_sync(scenario)()
+    assert {e["run_id"] for e in live} == {run_id} and live[-1]["type"] == "run.end"
+
+
+def test_nobody_else_follows_a_users_thread_by_naming_its_scope(new_user, server):
+    alice, bob = new_user("chamvi_runs.add_run"), new_user("chamvi_runs.add_run")
+    server.script("m-basic", [Reply(text("for alice"), finish("stop"))])
+    execute(_start(alice, "customer-42", "alice asks")["id"])
+    headers = headers_for(bob)
+
+    async def scenario():
+        comm = socket(f"/ws/chamvi/threads/customer-42/?scope=user%3A{alice.pk}", headers)
+        await expect_forbidden(comm)
+        await comm.disconnect()
+
+    async_to_sync(scenario)()

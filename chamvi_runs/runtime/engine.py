@@ -85,7 +85,7 @@ class Execution:
         self.abort = AbortSignal()
         self.shutdown = shutdown
         self.run_row: Run = db.run(claim.run_id)
-        self.broadcaster: Broadcaster = ChannelsBroadcaster(self.run_row.thread)
+        self.broadcaster: Broadcaster = ChannelsBroadcaster(self.run_row.thread, self.run_row.scope)
         self.artifacts = ArtifactReader()
         self.invalid_streak = 0
         self.lease: Lease | None = None

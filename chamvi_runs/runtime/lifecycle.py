@@ -14,7 +14,7 @@ from ..streaming.serializers import run_end_event
 
 def announce_settled(run_id: str, broadcaster: Broadcaster | None = None) -> Run:
     run = store.run(run_id)
-    broadcaster = broadcaster or ChannelsBroadcaster(run.thread)
+    broadcaster = broadcaster or ChannelsBroadcaster(run.thread, run.scope)
     if run.status in TERMINAL:
         broadcaster.publish(run.pk, run_end_event(run))
     broadcaster.flush()

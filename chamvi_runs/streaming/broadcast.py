@@ -31,11 +31,16 @@ def run_group(run_id: str) -> str:
     return f"chamvi.run.{run_id}"
 
 
-def thread_group(thread: str) -> str:
-    # Group names allow only ASCII alphanumerics, hyphens, underscores and periods, < 100 chars.
+def thread_group(thread: str, scope: str = "") -> str:
+    """The group of the thread ``thread`` in ``scope`` (``models.Thread``). Group names allow only
+    ASCII alphanumerics, hyphens, underscores and periods, under 100 characters: a hash. A global
+    thread's is the hash of its name alone, as before threads had scopes (web processes of the
+    previous release follow it during an upgrade); a scoped one's hashes the scope too, joined by a
+    NUL, which neither may hold (``core.storable``)."""
     import hashlib
 
-    return f"chamvi.thread.{hashlib.sha256(thread.encode()).hexdigest()[:40]}"
+    key = f"{scope}\x00{thread}" if scope else thread
+    return f"chamvi.thread.{hashlib.sha256(key.encode()).hexdigest()[:40]}"
 
 
 def message_of(events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -315,8 +320,12 @@ writer = EventWriter()
 
 
 class ChannelsBroadcaster:
-    def __init__(self, thread: str | None = None) -> None:
+    """Publishes a run's events to its group and, for a run of a thread, the thread's (``thread``
+    in ``scope``: the run's own ``thread`` and ``scope``)."""
+
+    def __init__(self, thread: str | None = None, scope: str = "") -> None:
         self.thread = thread
+        self.scope = scope
         self.log = event_log()
         self._groups: dict[str, list[str]] = {}
 
@@ -325,7 +334,7 @@ class ChannelsBroadcaster:
         groups of the run and its thread. Never raises: events are not worth failing a run."""
         groups = self._groups.get(run_id)
         if groups is None:  # named once per run, not hashed again for every delta
-            groups = [run_group(run_id)] + ([thread_group(self.thread)] if self.thread else [])
+            groups = [run_group(run_id)] + ([thread_group(self.thread, self.scope)] if self.thread else [])
             self._groups[run_id] = groups
         writer.submit(self.log, run_id, {**event, "run_id": run_id}, groups)
 

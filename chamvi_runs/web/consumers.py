@@ -121,7 +121,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         after = await self._after()
         if after is None:
             return
-        await self._open(run_group(self.run_id), after)
+        await self._open([run_group(self.run_id)], after)
 
     async def _accepted(self) -> bool:
         """Accept the handshake; a token the handshake refused is closed at once with 4401."""
@@ -166,16 +166,17 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=BAD_REQUEST)
             return None
 
-    async def _open(self, group: str, after: dict[str, int]) -> None:
-        """Join ``group``, replay the runs of ``after`` (run id -> seq), then watch for lost events."""
+    async def _open(self, groups: list[str], after: dict[str, int]) -> None:
+        """Join ``groups``, replay the runs of ``after`` (run id -> seq), then watch for lost events."""
         # Nothing at or before ``after`` is sent, live or replayed, but a restart (``_send_replayed``).
         self.last_seq: dict[str, int] = dict(after)
         self.active: set[str] = set(after)  # runs whose run.end this socket has not sent
         self.waiting: set[str] = set()  # runs whose last event this socket sent is run.waiting
         self.lock = asyncio.Lock()
         # Join first, then replay: an event published in between arrives twice and is skipped by seq.
-        await self.channel_layer.group_add(group, self.channel_name)
-        self.groups = [group]
+        for group in groups:
+            await self.channel_layer.group_add(group, self.channel_name)
+        self.groups = list(groups)
         self.allowed = True
         settled = await _in_thread(end_lost)(list(after))
         for run_id in after:

@@ -5,29 +5,36 @@ from __future__ import annotations
 from typing import Any
 
 from channels.db import database_sync_to_async
+from django.db.models import Q, QuerySet
 
 from ..core.storable import unstorable
-from ..models import Run, Thread
+from ..models import Run
 from ..policy import policy
 from ..streaming.broadcast import events_of, thread_group
+from . import threads
 from .consumers import FORBIDDEN, THREAD_REPLAY_RUNS, RunConsumer
 from .socket_commands import is_id
-from .socket_query import after_of, resume_of
+from .socket_query import after_of, query_of, resume_of
 
 
 class ThreadConsumer(RunConsumer):
     """``ws/chamvi/threads/<thread>/``: the events of every run of a thread the user may view.
 
-    Open to the thread's owner (also before its first run), to any authenticated user while the
-    thread has no owner record yet, and otherwise to whom ``policy().can_view_thread`` allows. Runs
-    the user may not view are neither replayed nor forwarded live."""
+    The name is looked up as the thread page looks it up (``web.threads``): in ``?scope=`` when the
+    query names one, else in the user's own scope, then the global one. Open to the thread's owner,
+    to whom ``policy().can_view_thread`` allows, and to any authenticated user before the thread's
+    first run: the socket then follows the name in each of those scopes, so the first run is seen
+    whether it is started over HTTP or by the site's code. Runs the user may not view are neither
+    replayed nor forwarded live."""
 
     async def connect(self) -> None:
         if not await self._accepted():
             return
         self.thread: str = self.scope["url_route"]["kwargs"]["thread"]
-        # PostgreSQL cannot compare a NUL or a lone surrogate, and no thread has one in its name.
-        if unstorable(self.thread) or not await database_sync_to_async(self._watchable)():
+        query = query_of(self.scope)
+        self.named: str | None = query.get("scope", [None])[0]
+        self.scopes: list[str] = await database_sync_to_async(self._followed)()
+        if not self.scopes:
             await self.close(code=FORBIDDEN)
             return
         seqs = await self._query(lambda query: (after_of(query), resume_of(query)))
@@ -36,21 +43,33 @@ class ThreadConsumer(RunConsumer):
         after, resume = seqs
         self.visible: dict[str, bool] = await database_sync_to_async(self._visibility)(resume)
         runs = {run_id: resume.get(run_id, after) for run_id, visible in self.visible.items() if visible}
-        await self._open(thread_group(self.thread), runs)
+        await self._open([thread_group(self.thread, scope) for scope in self.scopes], runs)
+
+    def _followed(self) -> list[str]:
+        """The scopes whose thread of this name the socket follows; none: it may not watch."""
+        user = self.viewer
+        # PostgreSQL cannot compare a NUL or a lone surrogate, and no thread has one in its name.
+        if not user.is_authenticated or unstorable(self.thread) or unstorable(self.named or ""):
+            return []
+        thread = threads.find(user, self.thread, self.named)
+        if thread is None:
+            return threads.scopes_of(user, self.named)
+        owner = thread.owner_id is not None and thread.owner_id == user.pk
+        return [thread.scope] if owner or policy().can_view_thread(user, thread) else []
 
     def _watchable(self) -> bool:
-        user = self.viewer
-        if not user.is_authenticated:
-            return False
-        thread = Thread.objects.filter(name=self.thread).first()
-        if thread is None or (thread.owner_id is not None and thread.owner_id == user.pk):
-            return True
-        return bool(policy().can_view_thread(user, thread))
+        return bool(self._followed())
+
+    def _of_thread(self) -> QuerySet[Run]:
+        in_scopes = Q(pk__in=[])
+        for scope in self.scopes:
+            in_scopes |= Q(scope=scope)
+        return Run.objects.filter(in_scopes, thread=self.thread)
 
     def _visibility(self, resume: dict[str, int]) -> dict[str, bool]:
         """The latest ``THREAD_REPLAY_RUNS`` runs of the thread and those of ``resume`` (a client
         that shows an older run still going), oldest first: may the user view each?"""
-        of_thread = Run.objects.filter(thread=self.thread)
+        of_thread = self._of_thread()
         runs = {run.pk: run for run in of_thread.order_by("-created_at", "-id")[:THREAD_REPLAY_RUNS]}
         if resume:
             runs.update((run.pk, run) for run in of_thread.filter(pk__in=list(resume)))
@@ -73,7 +92,7 @@ class ThreadConsumer(RunConsumer):
         run_id = content.get("run_id")
         if not is_id(run_id):
             return None
-        return Run.objects.filter(pk=run_id, thread=self.thread).first()
+        return self._of_thread().filter(pk=run_id).first()
 
     def _covers(self, run: Run) -> bool:
-        return run.thread == self.thread
+        return run.thread == self.thread and run.scope in self.scopes

@@ -845,3 +845,22 @@ test("close() leaves no timer behind: no reconnect, no command's timeout, no bac
   assert.equal(posted.error.code, "closed");
   assert.equal(live.size, 0);
 });
+
+test("a thread client names the thread's scope when given one, also on every reconnect", () => {
+  const own = connectThread("customer-42", base());
+  assert.equal(FakeWebSocket.last.url, "ws://example.test/ws/chamvi/threads/customer-42/?after=0");
+  own.close();
+  const staff = connectThread("customer-42", {...base(), scope: "user:7"});
+  const socket = FakeWebSocket.last;
+  assert.equal(socket.url, "ws://example.test/ws/chamvi/threads/customer-42/?after=0&scope=user%3A7");
+  socket.open();
+  socket.messages(shortRun("run_a", "Hi.").slice(0, 2));
+  socket.serverClose(1006);
+  return waitFor(() => FakeWebSocket.last !== socket, "a reconnect").then(() => {
+    assert.match(FakeWebSocket.last.url, /\?after=0&resume=run_a%3A2&scope=user%3A7$/);
+    const global = connectThread("support-7", {...base(), scope: ""});
+    assert.equal(FakeWebSocket.last.url, "ws://example.test/ws/chamvi/threads/support-7/?after=0&scope=");
+    staff.close();
+    global.close();
+  });
+});

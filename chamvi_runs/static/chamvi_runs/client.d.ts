@@ -364,11 +364,19 @@ export declare class RunClient {
   close(): void;
 }
 
+/** A thread is named within a scope: over HTTP, a user's thread names are their own. */
+export interface ThreadOptions extends ClientOptions {
+  /** The scope of the thread to follow (a thread page's `scope`; "" is the site's global names).
+      Not given: the user's own thread of that name, else the global one. */
+  scope?: string | null | undefined;
+}
+
 /** A thread client also tells `"run"`: a run of the thread seen for the first time. */
 export interface ThreadClient extends Listeners<RunState, { run: [RunState] }> {}
 export declare class ThreadClient {
-  constructor(thread: string, options?: ClientOptions);
+  constructor(thread: string, options?: ThreadOptions);
   readonly thread: string;
+  readonly scope: string | null;
   readonly state: ThreadState;
   readonly connection: ConnectionStatus;
   readonly transport: Transport | null;
@@ -382,7 +390,7 @@ export declare class ThreadClient {
 }
 
 export declare function connectRun(runId: string, options?: ClientOptions): RunClient;
-export declare function connectThread(thread: string, options?: ClientOptions): ThreadClient;
+export declare function connectThread(thread: string, options?: ThreadOptions): ThreadClient;
 
 export interface DecideOptions {
   reason?: string | undefined;

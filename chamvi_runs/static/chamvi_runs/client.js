@@ -749,8 +749,12 @@ export class RunClient extends Connection {
     websocket only: the thread has no Server-Sent Events stream. */
 export class ThreadClient extends Connection {
   constructor(thread, options = {}) {
-    super(options);
+    const {scope, ...rest} = options;
+    super(rest);
     this.thread = thread;
+    // Which user's thread of this name: none, the user's own (or, failing that, the site's global
+    // one); a thread page passes the scope of the thread it shows.
+    this.scope = typeof scope === "string" ? scope : null;
     this.state = new ThreadState(thread);
   }
 
@@ -767,12 +771,13 @@ export class ThreadClient extends Connection {
   }
 
   socketQuery() {
-    // Each run's own seq: one `after` cannot say it. A server that lost a run's seqs (Redis lost its
-    // data) numbers the run after the seq the client has, opened by replay.truncated; asked from 0,
-    // it would number the run from 1 again, and the client would skip it up to the seq it has.
+    // Each run's own seq: one `after` cannot say it. Asked from 0, a reconnecting client would get
+    // every run again; named, each run is replayed after the client's seq of it, or restarted
+    // (replay.truncated) when the server no longer knows that seq.
     const shown = [...this.state.runs.values()].filter((run) => run.last_seq > 0).slice(-RESUME_RUNS);
     const resume = shown.map((run) => `${run.run_id}:${run.last_seq}`).join(",");
-    return resume ? `after=0&resume=${encodeURIComponent(resume)}` : "after=0";
+    const scope = this.scope === null ? "" : `&scope=${encodeURIComponent(this.scope)}`;
+    return (resume ? `after=0&resume=${encodeURIComponent(resume)}` : "after=0") + scope;
   }
 
   done() {

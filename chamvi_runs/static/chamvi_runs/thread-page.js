@@ -27,7 +27,7 @@ function newRun(runId) {
   return viewOf(section);
 }
 
-const client = connectThread(page.thread, {base: page.base});
+const client = connectThread(page.thread, {base: page.base, scope: page.scope});
 client.on("change", (state) => {
   let view = views.get(state.run_id);
   if (!view) views.set(state.run_id, (view = newRun(state.run_id)));

@@ -104,6 +104,10 @@ connectRun("run_2bq0", {token: 42});
 
 const thread = connectThread("customer-42");
 thread.on("run", (state) => console.log(state.run_id, state.status));
+const staffView = connectThread("customer-42", {scope: "user:7"});
+console.log(staffView.scope);
+// @ts-expect-error a scope is a string
+connectThread("customer-42", {scope: 7});
 void thread.input("run_2bq0", "hello");
 // @ts-expect-error on a thread, input names its run
 void thread.input("hello");
