@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -141,20 +142,16 @@ def test_the_socket_replies_an_error_with_the_code_and_stores_nothing(caps, djan
     assert RunInput.objects.filter(run=run).count() == 3
 
 
-def test_inputs_racing_for_the_last_slot_store_exactly_the_cap(caps):
-    caps(max_inputs=5, pending=10_000)
-    run = start_run("basic", "x")
-    for n in range(4):
-        send_input(run.pk, n)
-    racers = 8
-    start = threading.Barrier(racers)
+def _race(run_id: str, payloads: list[Any]) -> list[str]:
+    """Send ``payloads`` to the run at once, each from a thread of its own: what each got."""
+    start = threading.Barrier(len(payloads))
     outcomes: list[str] = []
     lock = threading.Lock()
 
-    def race(n: int) -> None:
+    def race(payload: Any) -> None:
         try:
             start.wait(10)
-            send_input(run.pk, f"racer {n}")
+            send_input(run_id, payload)
             outcome = "stored"
         except InputRefused as exc:
             outcome = exc.code
@@ -163,12 +160,21 @@ def test_inputs_racing_for_the_last_slot_store_exactly_the_cap(caps):
         with lock:
             outcomes.append(outcome)
 
-    threads = [threading.Thread(target=race, args=(n,)) for n in range(racers)]
+    threads = [threading.Thread(target=race, args=(payload,)) for payload in payloads]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(30)
-    assert sorted(outcomes) == ["stored"] + ["too_many_inputs"] * (racers - 1)
+    return sorted(outcomes)
+
+
+def test_inputs_racing_for_the_last_slot_store_exactly_the_cap(caps):
+    caps(max_inputs=5, pending=10_000)
+    run = start_run("basic", "x")
+    for n in range(4):
+        send_input(run.pk, n)
+    outcomes = _race(run.pk, [f"racer {n}" for n in range(8)])
+    assert outcomes == ["stored"] + ["too_many_inputs"] * 7
     assert RunInput.objects.filter(run=run).count() == 5
 
 
@@ -176,27 +182,6 @@ def test_inputs_racing_for_the_last_pending_bytes_store_no_more_than_the_cap(cap
     caps(max_inputs=100, pending=300)
     run = start_run("basic", "x")
     send_input(run.pk, "a" * 140)  # 142 bytes: room for one more of 142, not two
-    racers = 6
-    start = threading.Barrier(racers)
-    outcomes: list[str] = []
-    lock = threading.Lock()
-
-    def race(n: int) -> None:
-        try:
-            start.wait(10)
-            send_input(run.pk, f"{n}" * 140)
-            outcome = "stored"
-        except InputRefused as exc:
-            outcome = exc.code
-        finally:
-            connection.close()
-        with lock:
-            outcomes.append(outcome)
-
-    threads = [threading.Thread(target=race, args=(n,)) for n in range(racers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    assert sorted(outcomes) == ["inputs_pending"] * (racers - 1) + ["stored"]
+    outcomes = _race(run.pk, [f"{n}" * 140 for n in range(6)])
+    assert outcomes == ["inputs_pending"] * 5 + ["stored"]
     assert sum(_bytes(p) for p in RunInput.objects.filter(run=run).values_list("payload", flat=True)) <= 300

@@ -520,6 +520,17 @@ async def reply_to(comm: WebsocketCommunicator) -> dict[str, Any]:
             return message
 
 
+async def refused_and_closed(
+    comm: WebsocketCommunicator, message: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Send ``message`` on a socket that must refuse it and close: its reply, then its close."""
+    await comm.send_json_to(message)
+    reply = await comm.receive_json_from(timeout=5)
+    closed = await comm.receive_output(timeout=5)
+    await comm.disconnect()
+    return reply, closed
+
+
 async def command(path: str, headers, message: Any, *, raw: str | None = None) -> dict[str, Any]:
     comm = socket(path, headers)
     assert (await comm.connect())[0]

@@ -22,7 +22,7 @@ from chamvi_runs.models import RunInput, WaitPoint
 from chamvi_runs.streaming.broadcast import ChannelsBroadcaster
 from chamvi_runs.web import consumers
 from tests.helpers import logged_in, make_user
-from tests.test_websocket import HOST, run_path, socket, waiting_run
+from tests.test_websocket import HOST, refused_and_closed, run_path, socket, waiting_run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(30)]
 
@@ -83,11 +83,7 @@ def test_a_revoked_approver_cannot_approve_on_a_socket_opened_before_and_it_is_c
         while (await comm.receive_json_from(timeout=5))["type"] != "run.waiting":
             pass
         await sync_to_async(change)(client)
-        await comm.send_json_to({"type": "approve", "approval_id": waitpoint.approval_id})
-        reply = await comm.receive_json_from(timeout=5)
-        closed = await comm.receive_output(timeout=5)
-        await comm.disconnect()
-        return reply, closed
+        return await refused_and_closed(comm, {"type": "approve", "approval_id": waitpoint.approval_id})
 
     reply, closed = async_to_sync(scenario)()
     assert reply["type"] == "error" and reply["code"] == code
@@ -190,11 +186,7 @@ def test_a_thread_socket_of_a_user_logged_out_is_closed_at_its_next_command():
         comm = socket("/ws/chamvi/threads/t-auth/", headers)
         assert (await comm.connect())[0]
         await sync_to_async(log_out)(client)
-        await comm.send_json_to({"type": "cancel", "run_id": run.pk})
-        reply = await comm.receive_json_from(timeout=5)
-        closed = await comm.receive_output(timeout=5)
-        await comm.disconnect()
-        return reply, closed
+        return await refused_and_closed(comm, {"type": "cancel", "run_id": run.pk})
 
     reply, closed = async_to_sync(scenario)()
     assert reply["code"] == "unauthenticated" and closed["code"] == 4401

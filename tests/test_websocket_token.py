@@ -19,7 +19,14 @@ from chamvi_runs.web.auth import create_token
 from tests.docsamples import block
 from tests.helpers import events, make_user, session_cookie
 from tests.processes import ROOT, WebProcess, worker_env
-from tests.test_websocket import HOST, completed_run, receive_until_end, run_path, waiting_run
+from tests.test_websocket import (
+    HOST,
+    completed_run,
+    receive_until_end,
+    refused_and_closed,
+    run_path,
+    waiting_run,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(30)]
 
@@ -151,11 +158,7 @@ def test_a_socket_whose_token_was_revoked_is_refused_its_next_command_and_closed
         while (await comm.receive_json_from(timeout=5))["type"] != "run.waiting":
             pass
         await sync_to_async(revoked)()
-        await comm.send_json_to({"type": "approve", "approval_id": waitpoint.approval_id})
-        reply = await comm.receive_json_from(timeout=5)
-        closed = await comm.receive_output(timeout=5)
-        await comm.disconnect()
-        return reply, closed
+        return await refused_and_closed(comm, {"type": "approve", "approval_id": waitpoint.approval_id})
 
     reply, closed = async_to_sync(scenario)()
     assert reply["code"] == "unauthenticated" and closed == {"type": "websocket.close", "code": 4401}
