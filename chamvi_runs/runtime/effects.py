@@ -23,7 +23,6 @@ from ..agents.tools import Tool, to_jsonable
 from ..conf import conf
 from ..core.faults import crash_point
 from ..core.records import Claim
-from ..core.storable import storable
 from ..errors import LeaseLostError
 from ..models import EffectRecord
 
@@ -38,7 +37,7 @@ def run_effect(claim: Claim, tool: Tool, ctx: RunContext, arguments: dict[str, A
             raise LeaseLostError(f"run {claim.run_id}: claim lost before an effect tool")
         record = store.effect_record(claim.run_id, key)
         if record is not None:
-            if record.input != storable(to_jsonable(arguments)):
+            if record.input != to_jsonable(arguments):
                 return None, _already_ran(tool.name, record)
             return record.output, record.error
         output: Any = None

@@ -48,6 +48,7 @@ def claim(run_id: str, owner: str, lease_seconds: float) -> Claim | None:
                 "attempt",
                 "stalled_executions",
                 "cancel_requested",
+                "claim_owner",
             )
             .first()
         )
@@ -55,9 +56,11 @@ def claim(run_id: str, owner: str, lease_seconds: float) -> Claim | None:
             return None
         if run.status == Status.QUEUED and _blocked(run):
             return None
-        # Tried, never waited for: held until this claim commits, so an effect that starts meanwhile
-        # waits for it and then finds its own claim gone.
-        if connection.vendor == "postgresql" and not effect_lock(run_id, wait=False):
+        # Only an execution that holds a claim runs an effect tool, and only its holder releases a
+        # claim: a run no claim names has none in flight. Taking over an expired one, the lock is
+        # tried, never waited for, and held until this claim commits, so an effect that starts
+        # meanwhile waits for it and then finds its own claim gone.
+        if run.claim_owner is not None and not effect_lock(run_id, wait=False):
             return None
         # A running run keeps its status (no transition); any other becomes running, as the
         # table allows.

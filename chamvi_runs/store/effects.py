@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import connection
-
 from ..core.records import Claim
 from ..core.storable import storable
 from ..models import EffectRecord, Run
@@ -17,12 +15,9 @@ def lock_for_effect(claim: Claim) -> bool:
     check that the claim still holds the run. No claim is taken while the lock is held, so no other
     execution runs the tool meanwhile; the caller renews the lease, fenced, right before its commit
     (``claims.renew``), so the effect, its record and the tool's own writes commit under this claim
-    or not at all. False: the claim is lost, and the tool must not run.
-
-    SQLite has no such lock: there the transaction (``IMMEDIATE``) holds the database's write lock
-    until it commits, and every other write waits for the tool."""
-    if connection.vendor == "postgresql":
-        effect_lock(claim.run_id, wait=True)
+    or not at all. False: the claim is lost, and the tool must not run. (On SQLite the transaction
+    itself holds the database's write lock until it commits, and every other write waits.)"""
+    effect_lock(claim.run_id, wait=True)
     # A statement of its own, after the lock: its snapshot sees a claim committed while it waited.
     return Run.objects.filter(held(claim)).exists()
 

@@ -72,10 +72,16 @@ EFFECT_LOCK_KEY = 0x63686D76
 
 
 def effect_lock(run_id: str, *, wait: bool) -> bool:
-    """PostgreSQL, inside a transaction: the run's effect lock, an advisory lock held until the
-    transaction ends. An effect tool takes it waiting (``wait``); a claim or a cancel only tries
-    it, and False means an effect of the run is in flight. The run row is not locked: lease
-    renewals and cancels, which update that row, never wait for an effect tool."""
+    """Inside a transaction: the run's effect lock, an advisory lock held until the transaction
+    ends. An effect tool takes it waiting (``wait``); a claim or a cancel only tries it, and False
+    means an effect of the run is in flight. The run row is not locked: lease renewals and cancels,
+    which update that row, never wait for an effect tool.
+
+    SQLite has no such lock, nor needs one: its transactions (``IMMEDIATE``) hold the database's
+    write lock until they commit, so no claim or cancel is written while an effect tool runs. There
+    this takes nothing and says True."""
+    if connection.vendor != "postgresql":
+        return True
     function = "pg_advisory_xact_lock" if wait else "pg_try_advisory_xact_lock"
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT {function}(%s, hashtext(%s))", [EFFECT_LOCK_KEY, run_id])

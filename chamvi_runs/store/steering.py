@@ -8,7 +8,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Count, Q, Sum, TextField
 from django.db.models.functions import Cast, Coalesce, Length, Now
 
@@ -33,7 +33,7 @@ def cancel(run_id: str, *, by: Any = None) -> bool:
         at_once = to(Status.CANCELLED) & (Q(claim_owner__isnull=True) | Q(claim_expires_at__lt=Now()))
         # An effect tool in flight holds a running run as a live lease does, even past its lease:
         # its execution settles the cancel once the effect has committed. Tried, never waited for.
-        if connection.vendor == "postgresql" and not effect_lock(run_id, wait=False):
+        if not effect_lock(run_id, wait=False):
             at_once &= ~Q(status=Status.RUNNING)
         if Run.objects.filter(at_once, pk=run_id).update(
             status=Status.CANCELLED,
