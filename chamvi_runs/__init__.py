@@ -4,21 +4,27 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .agents.questions import human_tool
 from .agents.tools import effect_tool, tool
 from .core.budget import Budget
 
 if TYPE_CHECKING:
-    from .agents.agent import Agent, RunContext
-    from .api import approve, cancel_run, deny, send_input, start_run
+    from .agents.agent import Agent, Approval, RunContext
+    from .api import answer, approve, cancel_run, deny, regenerate, resend, send_input, start_run
 
 __all__ = [
     "Agent",
+    "Approval",
     "Budget",
     "RunContext",
+    "answer",
     "approve",
     "cancel_run",
     "deny",
     "effect_tool",
+    "human_tool",
+    "regenerate",
+    "resend",
     "send_input",
     "start_run",
     "tool",
@@ -26,10 +32,14 @@ __all__ = [
 
 _LAZY = {
     "Agent": "agents.agent",
+    "Approval": "agents.agent",
+    "answer": "api",
     "RunContext": "agents.agent",
     "approve": "api",
     "cancel_run": "api",
     "deny": "api",
+    "regenerate": "api",
+    "resend": "api",
     "send_input": "api",
     "start_run": "api",
 }

@@ -55,3 +55,18 @@ class DecisionRefused(ChamviError):
     def __init__(self, message: str, *, code: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+class InvalidAnswer(ChamviError, ValueError):
+    """An answer or edited arguments that do not fit their schema, or an edit of a tool whose
+    approval is not editable; nothing was recorded. ``code``: ``invalid_answer``,
+    ``invalid_arguments`` or ``not_editable`` (HTTP 400); the message names the field."""
+
+    def __init__(self, message: str, *, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class HistoryUnavailable(ChamviError, LookupError):
+    """The history after that step cannot be rebuilt: the run has no such step, or it was stored
+    whole (before histories were stored step by step) and only its latest state is known."""

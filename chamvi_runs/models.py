@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import secrets
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import models
@@ -72,6 +73,24 @@ class Run(models.Model):
         "MAX_ATTEMPTS of them fail the run with too_many_attempts.",
     )
     cancel_requested = models.BooleanField(default=False)
+    # Where the history of a fork, a regenerate or a resend starts (SPEC §12): after step
+    # ``base_step`` of run ``base`` (-1: the history ``base`` itself started from). Null for every
+    # other run: a thread's next run goes on from the thread's latest history.
+    # No constraint, and left as it is when that run is deleted: a fork whose history is gone fails
+    # (``history_unavailable``) rather than start as a plain run.
+    base = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.DO_NOTHING, related_name="+", db_constraint=False
+    )
+    base_step = models.IntegerField(null=True, blank=True)
+    replaces = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        related_name="replaced_by",
+        db_constraint=False,
+        help_text="The run this one regenerates or resends: the thread continues from this one.",
+    )
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -168,6 +187,12 @@ class Step(models.Model):
     input = models.JSONField(null=True, blank=True)
     output = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
+    messages = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="The messages this step added to the run's history (null: written by a release that "
+        "stored histories whole).",
+    )
     attempt = models.PositiveIntegerField(default=0, help_text="The claim attempt that wrote this step.")
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -186,14 +211,73 @@ class Step(models.Model):
 
 
 class Checkpoint(models.Model):
+    """Where a run's history stands: after step ``step_index``. ``history()`` is the whole of it,
+    and ``history(index)`` the history after any earlier step (SPEC §4, §12).
+
+    A step writes what it added (``Step.messages``); ``messages`` holds the whole history as of step
+    ``whole_step``. It is written whole while the history is short, by each execution's first save
+    and whenever the run leaves its worker (it waits or settles): ``messages`` is the whole history
+    whenever no execution is under way, which is all a process of the previous release reads. Once a
+    history is long, a step of a running execution does not write it again (its cost would grow with
+    the history): ``history()`` adds the steps saved since."""
+
     run = models.OneToOneField(Run, on_delete=models.CASCADE, related_name="checkpoint")
     step_index = models.PositiveIntegerField()
-    messages = models.JSONField(help_text="Full history after the step, without system instructions.")
+    messages = models.JSONField(
+        help_text="The whole history after step whole_step (after step_index, when whole_step is null)."
+    )
+    whole_step = models.IntegerField(
+        null=True, blank=True, help_text="The step after which ``messages`` is the whole history."
+    )
+    whole_length = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Messages in ``messages`` when it was written at whole_step."
+    )
+    length = models.PositiveIntegerField(null=True, blank=True, help_text="Messages in the whole history.")
+    opening_length = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Messages before the run's first step (null: not known)."
+    )
     finish_reason = models.CharField(max_length=50, blank=True, default="")
     created_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:
         return f"{self.run_id} @ {self.step_index}"
+
+    def history(self, index: int | None = None) -> list[Any]:
+        """The whole history after step ``index`` (``step_index`` by default; -1: before the run's
+        first step), read from ``messages`` and the steps saved since. Raises ValueError when it
+        cannot be rebuilt: a step the run does not have yet, or one before a history a release that
+        stored histories whole wrote."""
+        at = self.step_index if index is None else index
+        if at > self.step_index:
+            raise ValueError(f"run {self.run_id} has no step {at} in its history")
+        full = list(self.messages)
+        if self._behind():
+            parts = self._parts(self.whole_step, self.step_index)
+            full += [message for part in parts for message in part or ()]
+        if at == self.step_index:
+            return full
+        steps = Step.objects.filter(run_id=self.run_id, index__lte=at)
+        parts = list(steps.values_list("messages", flat=True))
+        if self.opening_length is None or any(part is None for part in parts):
+            raise ValueError(
+                f"run {self.run_id}: the history after step {at} was not kept (a release that "
+                "stored histories whole wrote it)"
+            )
+        return full[: self.opening_length + sum(len(part or ()) for part in parts)]
+
+    def _behind(self) -> bool:
+        """Whether steps saved after ``whole_step`` add to ``messages``: this release wrote it at
+        that step (a release that writes it whole leaves ``whole_step`` behind, and ``messages`` at
+        another length)."""
+        return (
+            self.whole_step is not None
+            and self.whole_step < self.step_index
+            and self.whole_length == len(self.messages)
+        )
+
+    def _parts(self, after: int | None, upto: int) -> list[Any]:
+        steps = Step.objects.filter(run_id=self.run_id, index__gt=after, index__lte=upto).order_by("index")
+        return list(steps.values_list("messages", flat=True))
 
 
 class WaitPoint(models.Model):
@@ -203,9 +287,16 @@ class WaitPoint(models.Model):
         EXPIRED = "expired"
         # The run was cancelled while it waited: nobody decided the call, and it never ran.
         CANCELLED = "cancelled"
+        # A question's answer was recorded (``answer``): it becomes the tool's result.
+        ANSWERED = "answered"
+
+    class Kind(models.TextChoices):
+        APPROVAL = "approval"
+        # A question to the run's user (``human_tool``): answered, not approved.
+        INPUT = "input"
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="waitpoints")
-    kind = models.CharField(max_length=20, default="approval")
+    kind = models.CharField(max_length=20, choices=Kind.choices, default=Kind.APPROVAL)
     approval_id = models.CharField(max_length=40, unique=True, default=new_approval_id, editable=False)
     step_index = models.PositiveIntegerField(help_text="The wait step that opened it.")
     # An approval belongs to one call: its model call's step and its position in that call's
@@ -216,7 +307,27 @@ class WaitPoint(models.Model):
     arguments_hash = models.CharField(max_length=64, blank=True, default="")
     tool_call_id = models.CharField(max_length=200)
     tool_name = models.CharField(max_length=200)
-    input = models.JSONField(null=True, blank=True)
+    input = models.JSONField(null=True, blank=True, help_text="The arguments the model proposed.")
+    approved_input = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="The arguments a person approved instead of the proposal (null: approved as proposed); "
+        "arguments_hash binds them.",
+    )
+    editable = models.BooleanField(
+        default=True, db_default=True, help_text="Whether the approver may change the arguments."
+    )
+    answer_schema = models.JSONField(
+        null=True, blank=True, help_text="A question's JSON Schema of the answer (null: any JSON)."
+    )
+    # Database defaults: the previous release, still running during a deploy, inserts wait points
+    # without these columns.
+    client = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="A question the page's code answers (a client tool), not a person.",
+    )
+    answer = models.JSONField(null=True, blank=True, help_text="A question's answer, once answered.")
     expires_at = models.DateTimeField(null=True, blank=True)
     token_hash = models.CharField(max_length=64, blank=True, default="")
     notified_at = models.DateTimeField(null=True, blank=True)
@@ -234,21 +345,29 @@ class WaitPoint(models.Model):
 
     # The raw token exists only in memory, for the notifier (SPEC §4).
     token: str | None = None
+    # Set by ``store.decide``: this decision was the run's last open one, and the run is running again.
+    resumes: bool = False
 
     class Meta:
         ordering = ["-created_at"]
         permissions = [("approve_waitpoint", "Can approve or deny a waiting run")]
         constraints = [
+            # Questions of one model call wait together; approvals one at a time.
             models.UniqueConstraint(
-                fields=["run"], condition=Q(decision__isnull=True), name="chamvi_waitpoint_one_open_per_run"
+                fields=["run"],
+                condition=Q(decision__isnull=True, kind="approval"),
+                name="chamvi_waitpoint_one_open_approval",
             ),
             models.UniqueConstraint(
                 fields=["run", "model_step", "call_position"], name="chamvi_waitpoint_one_per_call"
             ),
             models.CheckConstraint(
                 condition=Q(decision__isnull=True)
-                | Q(decision__in=["approved", "denied", "expired", "cancelled"]),
+                | Q(decision__in=["approved", "denied", "expired", "cancelled", "answered"]),
                 name="chamvi_waitpoint_decision_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(kind__in=["approval", "input"]), name="chamvi_waitpoint_kind_valid"
             ),
         ]
 

@@ -1,5 +1,6 @@
 """Who may do what. Replace with ``CHAMVI_RUNS["POLICY"] = "myapp.policy.MyPolicy"`` (same methods;
-subclass ``DefaultPolicy`` to change only some). ``decidable`` is optional: see ``decidable_approvals``."""
+subclass ``DefaultPolicy`` to change only some). ``decidable`` and ``can_answer`` are optional: see
+``decidable_approvals`` and ``can_answer``."""
 
 from __future__ import annotations
 
@@ -35,6 +36,11 @@ class DefaultPolicy:
 
     def can_decide(self, user: Any, run: Run) -> bool:
         return self._approver(user)
+
+    def can_answer(self, user: Any, run: Run) -> bool:
+        """Answer the run's questions (``human_tool``): they are asked of its user, so its creator
+        answers them, not the approvers."""
+        return self._owner(user, run)
 
     def decidable(self, user: Any, waitpoints: QuerySet[WaitPoint]) -> QuerySet[WaitPoint]:
         """Those of ``waitpoints`` whose runs ``user`` may decide, as a filter of the query: the
@@ -97,3 +103,12 @@ def decidable_approvals(user: Any, waitpoints: QuerySet[WaitPoint]) -> QuerySet[
         return None
     result: QuerySet[WaitPoint] = method(user, waitpoints)
     return result
+
+
+def can_answer(user: Any, run: Run) -> bool:
+    """``policy().can_answer(user, run)``; a site's policy written before questions existed has
+    none, and then the run's creator answers, as ``DefaultPolicy`` says."""
+    method = getattr(policy(), "can_answer", None)
+    if method is None:
+        return DefaultPolicy._owner(user, run)
+    return bool(method(user, run))

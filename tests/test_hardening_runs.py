@@ -17,7 +17,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from chamvi_runs import api, approve, cancel_run, send_input, start_run, store
-from chamvi_runs.agents.agent import registry
+from chamvi_runs.agents.agent import Approval, registry
 from chamvi_runs.core.messages import open_tool_calls
 from chamvi_runs.errors import InvalidPayload, ThreadForbidden
 from chamvi_runs.models import Checkpoint, EffectRecord, Run, Step, Thread, WaitPoint
@@ -121,7 +121,7 @@ def test_a_cancel_requested_while_the_model_answers_wins_over_the_wait_it_would_
         assert cancel_run(ctx.run.pk) == "running"
         return True
 
-    agent.approvals["refund"] = cancel_then_ask
+    agent.approvals["refund"] = Approval(when=cancel_then_ask)
     try:
         server.script(
             "m-approving",
@@ -175,9 +175,7 @@ def test_a_reused_tool_call_id_does_not_get_a_later_call_through_an_earlier_appr
         [
             Reply(tool_call("call_0", "refund", REFUND), finish("tool_calls")),
             # The provider numbers calls per turn: the next turn's call has the same id.
-            Reply(
-                tool_call("call_0", "refund", BIG_REFUND), finish("tool_calls")
-            ),
+            Reply(tool_call("call_0", "refund", BIG_REFUND), finish("tool_calls")),
         ],
     )
     run = execute(start_run("approving", "x"))
@@ -199,7 +197,7 @@ def test_an_approval_is_bound_to_the_exact_arguments_it_was_asked_for(server):
     checkpoint = Checkpoint.objects.get(run=run)
     messages = checkpoint.messages
     messages[-1]["tool_calls"][0]["function"]["arguments"] = '{"order_id": "o-1", "amount_cents": 500000}'
-    Checkpoint.objects.filter(pk=checkpoint.pk).update(messages=messages)
+    Checkpoint.objects.filter(pk=checkpoint.pk).update(messages=messages, whole_step=None, whole_length=None)
     server.script("m-approving", [Reply(text("ok"), finish("stop"))])
     run = execute(run)
     assert run.status == "completed" and Refund.objects.count() == 0
@@ -477,12 +475,8 @@ def test_a_concurrent_approve_and_cancel_never_deadlock(server):
         approval = WaitPoint.objects.get(run=run).approval_id
         barrier = threading.Barrier(2)
         pair = [
-            threading.Thread(
-                target=attempt, args=(lambda a=approval, b=barrier: (b.wait(5), approve(a)),)
-            ),
-            threading.Thread(
-                target=attempt, args=(lambda r=run.pk, b=barrier: (b.wait(5), cancel_run(r)),)
-            ),
+            threading.Thread(target=attempt, args=(lambda a=approval, b=barrier: (b.wait(5), approve(a)),)),
+            threading.Thread(target=attempt, args=(lambda r=run.pk, b=barrier: (b.wait(5), cancel_run(r)),)),
         ]
         for t in pair:
             t.start()

@@ -23,7 +23,26 @@ from .tools import Tool
 if TYPE_CHECKING:
     from ..models import Run, WaitPoint
 
-ApprovalRule = bool | Callable[[dict[str, Any], "RunContext"], bool]
+Condition = bool | Callable[[dict[str, Any], "RunContext"], bool]
+
+
+@dataclass(frozen=True)
+class Approval:
+    """A tool's approval rule, as a value of ``Agent(approvals={...})``: ``when`` it is asked for (a
+    bool or ``callable(input, ctx)``), and whether the approver may change the arguments before
+    approving (``editable``)."""
+
+    when: Condition = True
+    editable: bool = True
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.when, bool) or callable(self.when)):
+            raise ImproperlyConfigured("Approval(when=...) must be a bool or callable(input, ctx)")
+        if not isinstance(self.editable, bool):
+            raise ImproperlyConfigured("Approval(editable=...) must be a bool")
+
+
+ApprovalRule = Condition | Approval
 
 
 @dataclass
@@ -90,22 +109,25 @@ class Agent:
                 if t.name in seen:
                     raise ImproperlyConfigured(f"Agent {name}: two tools are named {t.name!r}")
                 seen.add(t.name)
-        approvals = dict(approvals or {})
-        for tool_name, rule in approvals.items():
-            if not (isinstance(rule, bool) or callable(rule)):
-                raise ImproperlyConfigured(
-                    f"Agent {name}: approvals[{tool_name!r}] must be a bool or callable(input, ctx)"
-                )
+        rules: dict[str, Approval] = {
+            tool_name: rule if isinstance(rule, Approval) else _condition(name, tool_name, rule)
+            for tool_name, rule in (approvals or {}).items()
+        }
+        for tool_name in rules:
             # A misspelt name would silently run the tool without approval.
             if not callable(tools) and tool_name not in {t.name for t in tools}:
                 raise ImproperlyConfigured(
                     f"Agent {name}: approvals names {tool_name!r}, which is not one of its tools"
                 )
+            if not callable(tools) and any(t.name == tool_name and t.question for t in tools):
+                raise ImproperlyConfigured(
+                    f"Agent {name}: {tool_name!r} is a human_tool: its user answers it, nobody approves it"
+                )
         self.name = name
         self.model = model
         self.instructions = instructions
         self.tools = tools
-        self.approvals = approvals
+        self.approvals = rules
         self.approval_ttl = approval_ttl
         self.budget = budget or Budget()
         self.output = output
@@ -124,8 +146,15 @@ class Agent:
         return {t.name: t for t in tools}
 
     def needs_approval(self, tool_name: str, arguments: dict[str, Any], ctx: RunContext) -> bool:
-        rule = self.approvals.get(tool_name, False)
-        return bool(rule(arguments, ctx)) if callable(rule) else bool(rule)
+        rule = self.approvals.get(tool_name)
+        if rule is None:
+            return False
+        return bool(rule.when(arguments, ctx)) if callable(rule.when) else rule.when
+
+    def editable(self, tool_name: str) -> bool:
+        """Whether an approver may change the arguments of ``tool_name`` before approving."""
+        rule = self.approvals.get(tool_name)
+        return rule is None or rule.editable
 
     def response_format(self) -> dict[str, Any] | None:
         """The ``response_format`` for structured output (a fresh copy: callers may change it)."""
@@ -170,6 +199,14 @@ class Agent:
             raise ValueError(
                 f"output does not match {self.output.__name__}: {where + ': ' if where else ''}{first['msg']}"
             ) from None
+
+
+def _condition(agent: str, tool_name: str, rule: Any) -> Approval:
+    if not (isinstance(rule, bool) or callable(rule)):
+        raise ImproperlyConfigured(
+            f"Agent {agent}: approvals[{tool_name!r}] must be a bool, callable(input, ctx) or Approval"
+        )
+    return Approval(when=rule)
 
 
 _JSON_TYPES: dict[str, Callable[[Any], bool]] = {

@@ -9,13 +9,47 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, get_type_hints, overload
 
 import pydantic
 import pydantic_core
 
 from ..core.storable import storable
-from ..errors import ToolArgumentsError
+from ..errors import InvalidAnswer, ToolArgumentsError
+
+
+@dataclass(frozen=True)
+class Question:
+    """What makes a ``Tool`` a question: how its answer is checked, and how long it waits."""
+
+    answer_type: Any
+    ttl: timedelta | None
+    client: bool
+
+    @functools.cached_property
+    def _adapter(self) -> pydantic.TypeAdapter[Any] | None:
+        return None if self.answer_type is None else pydantic.TypeAdapter(self.answer_type)
+
+    @functools.cached_property
+    def answer_schema(self) -> dict[str, Any] | None:
+        """The JSON Schema a page builds its answer form from (None: any JSON value)."""
+        return None if self._adapter is None else self._adapter.json_schema()
+
+    def validate(self, answer: Any) -> Any:
+        """The answer as JSON data, or InvalidAnswer naming the field that does not fit."""
+        if self._adapter is None:
+            return answer
+        try:
+            # Python mode, not JSON mode: the answer was already decoded, and a model instance
+            # passed from Python is taken as it is.
+            value = self._adapter.validate_python(answer)
+        except pydantic.ValidationError as exc:
+            details = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}" for err in exc.errors()
+            )
+            raise InvalidAnswer(f"answer: {details}", code="invalid_answer") from None
+        return to_jsonable(value)
 
 
 @dataclass(frozen=True)
@@ -27,6 +61,8 @@ class Tool:
     takes_ctx: bool
     effect: bool = False
     """Effect tools run their side effect at most once per run and tool call (see docs/effects.md)."""
+    question: Question | None = None
+    """Set for ``human_tool``: a call asks the run's user, and the answer is its result."""
 
     def schema(self) -> dict[str, Any]:
         """The Chat Completions tool definition (a fresh copy: callers may change it)."""
@@ -69,13 +105,17 @@ class Tool:
 _TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 
-def _build(fn: Callable[..., Any], *, name: str | None, description: str | None, effect: bool) -> Tool:
-    if not callable(fn):
-        raise TypeError(f"@tool needs a function, got {fn!r}")
-    tool_name = name or getattr(fn, "__name__", "")
+def check_tool_name(tool_name: Any) -> str:
     if not isinstance(tool_name, str) or not _TOOL_NAME.fullmatch(tool_name):
         # The Chat Completions API rejects every request that describes a tool with another name.
         raise ValueError(f"tool name {tool_name!r} must be 1-64 letters, digits, '_' or '-'")
+    return tool_name
+
+
+def _build(fn: Callable[..., Any], *, name: str | None, description: str | None, effect: bool) -> Tool:
+    if not callable(fn):
+        raise TypeError(f"@tool needs a function, got {fn!r}")
+    tool_name = check_tool_name(name or getattr(fn, "__name__", ""))
     signature = inspect.signature(fn)
     try:
         # include_extras keeps Annotated[..., Field(description=..., ge=...)] for pydantic.

@@ -5,10 +5,10 @@ through, the model it streams, and the broadcaster its events go out by. The Dja
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
-from datetime import timedelta
 from typing import Any, Protocol
 
-from .records import CallRef, Claim, StepRecord
+from .branches import Node
+from .records import Claim, Decided, StepRecord, Stored, WaitRequest
 from .states import Status
 from .types import AbortSignal, Message, ModelRequest, ModelTurn, OnDelta, Usage
 
@@ -51,6 +51,7 @@ class Store(Protocol):
         finish_reason: str = ...,
         usage: Usage = ...,
         consumed_inputs: Iterable[str] = ...,
+        stored: Stored | None = ...,
     ) -> bool: ...
 
     def save_and_settle(
@@ -67,6 +68,7 @@ class Store(Protocol):
         error_code: str = ...,
         error_message: str = ...,
         unless_input: bool = ...,
+        stored: Stored | None = ...,
     ) -> bool | None: ...
 
     def open_wait(
@@ -75,13 +77,11 @@ class Store(Protocol):
         steps: list[StepRecord],
         messages: list[Message],
         *,
-        call: CallRef,
-        tool_name: str,
-        tool_input: Any,
-        ttl: timedelta,
+        waits: list[WaitRequest],
         usage: Usage = ...,
         consumed_inputs: Iterable[str] = ...,
-    ) -> Any | None: ...
+        stored: Stored | None = ...,
+    ) -> list[Any] | None: ...
 
     def back_to_waiting(self, claim: Claim) -> bool: ...
 
@@ -101,15 +101,17 @@ class Store(Protocol):
 
     def checkpoint(self, run_id: str) -> tuple[list[Message], int] | None: ...
 
-    def earlier_thread_histories(self, run: Any, limit: int) -> list[tuple[Any, list[Message]]]: ...
+    def thread_nodes(self, thread: str, scope: str) -> list[Node]: ...
+
+    def history(self, run_id: str, index: int | None = ...) -> tuple[list[Message], int] | None: ...
 
     def pending_inputs(self, run_id: str) -> list[Any]: ...
 
     def last_model_step(self, run_id: str, before: int | None = ...) -> Any | None: ...
 
-    def waitpoint_at(self, run_id: str, model_step: int, position: int) -> Any | None: ...
+    def waiting_at(self, run_id: str, model_step: int, position: int) -> bool: ...
 
-    def approved_calls(self, run_id: str, model_step: int) -> dict[int, str]: ...
+    def decided_calls(self, run_id: str, model_step: int) -> dict[int, Decided]: ...
 
     def resumed_decision(self, run_id: str) -> Any | None: ...
 

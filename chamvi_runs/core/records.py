@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from .storable import storable
@@ -35,6 +35,54 @@ class CallRef:
     model_step: int
     position: int
     call_id: str
+
+
+@dataclass(frozen=True)
+class Opening:
+    """The history a run starts from, before its trigger message: its thread's latest, or the point
+    it was forked from (a fork, a regenerate, a resend)."""
+
+    messages: list[Any]
+
+
+@dataclass(frozen=True)
+class Stored:
+    """What a save knows of the run's stored history, from the execution that holds the run:
+    ``length`` messages are stored (the save stores the rest, each with the step that added it);
+    ``whole`` has the whole history written too (the execution's first save); ``opening_length``:
+    the run's first save, with how many messages came before its first step."""
+
+    length: int
+    whole: bool = False
+    opening_length: int | None = None
+
+
+@dataclass(frozen=True)
+class WaitRequest:
+    """A wait point an execution opens for one call: an approval, or a question (``kind`` input)."""
+
+    call: CallRef
+    tool_name: str
+    input: Any
+    kind: str
+    ttl: timedelta
+    step_index: int
+    """The wait step that opens it."""
+    editable: bool = True
+    answer_schema: dict[str, Any] | None = None
+    client: bool = False
+
+
+@dataclass(frozen=True)
+class Decided:
+    """A decided wait point as the execution resuming after it needs it: an approved call (with the
+    arguments a person approved instead, if any), or a question answered or expired."""
+
+    kind: str
+    decision: str
+    arguments_hash: str
+    approved_input: Any = None
+    answer: Any = None
 
 
 @dataclass

@@ -70,3 +70,5 @@ class ErrorCode(StrEnum):
     INVALID_OUTPUT = "invalid_output"
     TOOL_LOOP = "tool_loop"
     INTERNAL_ERROR = "internal_error"
+    HISTORY_UNAVAILABLE = "history_unavailable"
+    """A fork, regenerate or resend whose starting history was pruned before the run started."""

@@ -31,13 +31,13 @@ from ..core.decisions import ABANDON, FINISH, Marker, Settle, Turn
 from ..core.faults import crash_point
 from ..core.messages import input_message, last_assistant, open_tool_calls
 from ..core.ports import Broadcaster, Model, Store
-from ..core.records import Claim, StepRecord, llm_step_output
+from ..core.records import Claim, Opening, StepRecord, Stored, llm_step_output
 from ..core.states import TERMINAL, ErrorCode, Status
 from ..core.types import NO_USAGE, Aborted, AbortSignal, Message, ModelRequest, ModelTurn, Usage
-from ..errors import AgentNotFound, ArtifactNotFound, LeaseLostError
+from ..errors import AgentNotFound, ArtifactNotFound, HistoryUnavailable, LeaseLostError
 from ..models import Run
 from ..streaming.broadcast import ChannelsBroadcaster
-from ..streaming.serializers import decision_json
+from ..streaming.serializers import decision_json, start_lineage, waiting_event
 from .artifacts import ArtifactReader
 from .lease_keeper import Lease, keeper
 from .lifecycle import announce_settled
@@ -89,6 +89,12 @@ class Execution:
         self.artifacts = ArtifactReader()
         self.invalid_streak = 0
         self.lease: Lease | None = None
+        # What of the history is stored (``store.histories``): how many messages, whether this
+        # execution saved yet (its first save writes the whole history), and until the run's first
+        # save, the history it opens with.
+        self.stored_length = 0
+        self.saved_once = False
+        self.opening: Opening | None = None
         # Budgets count across executions: start from what earlier ones used.
         self.model_calls = self.run_row.model_calls
         self.tokens = self.run_row.input_tokens + self.run_row.output_tokens
@@ -115,7 +121,7 @@ class Execution:
                 extra = {"decision": decision_json(decided)} if decided is not None else {}
                 self.emit("run.resume", status=Status.RUNNING, **extra)
             else:
-                self.emit("run.start", status=Status.RUNNING)
+                self.emit("run.start", status=Status.RUNNING, **start_lineage(self.run_row))
             signals.run_started.send(
                 Run,
                 run=self.run_row,
@@ -212,7 +218,11 @@ class Execution:
 
     def loop(self, agent: Agent) -> NoReturn:
         ctx = RunContext(run=self.run_row, agent=agent, abort=self.abort)
-        messages, index = start_point(self.db, self.run_row, resumed=self.claim.resumed)
+        try:
+            messages, index, self.opening = start_point(self.db, self.run_row, resumed=self.claim.resumed)
+        except HistoryUnavailable as exc:
+            self.settle(Settle(Status.FAILED, (ErrorCode.HISTORY_UNAVAILABLE, str(exc))))
+        self.stored_length = len(self.opening.messages) if self.opening is not None else len(messages)
         tools = agent.assemble_tools(ctx)
         calls = ToolCalls(self.claim, self.abort, self.run_row, agent, tools, self.emit)
         if open_tool_calls(messages):
@@ -258,8 +268,7 @@ class Execution:
         open_calls = open_tool_calls(messages)
         # Calls are answered in order: the open ones are the last of their model call's calls.
         first_position = len(last_assistant(messages).get("tool_calls") or []) - len(open_calls)
-        waitpoint = self.db.waitpoint_at(self.claim.run_id, llm_index, first_position)
-        if waitpoint is not None and waitpoint.decision is None:
+        if self.db.waiting_at(self.claim.run_id, llm_index, first_position):
             if not self.db.back_to_waiting(self.claim):
                 self.settle(decisions.on_refused_wait())
             raise Settled(Status.WAITING)
@@ -270,9 +279,9 @@ class Execution:
             llm_index=llm_index,
             first_position=first_position,
             next_index=index,
-            approved=self.db.approved_calls(self.claim.run_id, llm_index),
+            decided=self.db.decided_calls(self.claim.run_id, llm_index),
         )
-        if answered.approval is not None:
+        if answered.waits:
             self.open_wait(agent, answered, usage=NO_USAGE, inputs=())
         if answered.steps:
             self.save(answered.steps, answered.messages)
@@ -353,7 +362,7 @@ class Execution:
                 raise LeaseLostError(f"run {self.claim.run_id}: lease lost before running tools")
             parts = [c.as_message_part() for c in turn.tool_calls]
             answered = calls.answer(parts, messages, [llm], llm_index=index)
-            if answered.approval is not None:
+            if answered.waits:
                 self.open_wait(agent, answered, usage=NO_USAGE, inputs=inputs)
             self.save(answered.steps, answered.messages, inputs=inputs)
             self.invalid_streak = decisions.invalid_streak(self.invalid_streak, answered.steps)
@@ -385,43 +394,50 @@ class Execution:
             finish_reason=_finish_reason(steps),
             usage=usage,
             consumed_inputs=inputs,
+            stored=self.stored(),
         ):
             raise LeaseLostError(f"run {self.claim.run_id}: claim lost before saving steps")
+        self.saved(messages)
         signals.step_saved.send(Run, run_id=self.claim.run_id, steps=steps)
 
+    def stored(self) -> Stored:
+        """What the next save finds stored of the history (see ``store.histories``)."""
+        opening = self.opening
+        return Stored(
+            self.stored_length,
+            whole=not self.saved_once,
+            opening_length=len(opening.messages) if opening is not None else None,
+        )
+
+    def saved(self, messages: list[Message]) -> None:
+        self.stored_length, self.saved_once, self.opening = len(messages), True, None
+
     def open_wait(self, agent: Agent, answered: Answered, *, usage: Usage, inputs: Sequence[str]) -> NoReturn:
-        """A call needs approval: its wait step, the steps so far and the wait point, at once."""
-        approval = answered.approval
-        assert approval is not None
+        """Calls wait for a person: their wait steps, the steps so far and the wait points, at once."""
         steps, messages = answered.steps, answered.messages
-        waitpoint = self.db.open_wait(
+        waits = answered.wait_steps
+        waitpoints = self.db.open_wait(
             self.claim,
-            [*steps, approval.wait],
+            [*steps, *waits],
             messages,
-            call=approval.call,
-            tool_name=approval.name,
-            tool_input=approval.arguments,
-            ttl=agent.approval_ttl or conf.APPROVAL_TTL,
+            waits=answered.waits,
             usage=usage,
             consumed_inputs=inputs,
+            stored=self.stored(),
         )
-        if waitpoint is None:
+        if waitpoints is None:
             # The cancel came while the model answered: it wins over the wait. What the step did
             # is kept, and the open calls are answered as cancelled.
             if steps:
                 self.save(steps, messages, usage=usage, inputs=inputs)
             self.settle(decisions.on_refused_wait())
-        signals.step_saved.send(Run, run_id=self.claim.run_id, steps=[*steps, approval.wait])
-        self.emit(
-            "run.waiting",
-            approval_id=waitpoint.approval_id,
-            tool_name=approval.name,
-            input=waitpoint.input,
-            expires_at=waitpoint.expires_at.isoformat(),
-        )
+        signals.step_saved.send(Run, run_id=self.claim.run_id, steps=[*steps, *waits])
+        for waitpoint in waitpoints:
+            self.emit("run.waiting", **waiting_event(waitpoint))
         run = self.db.run(self.claim.run_id)
-        signals.run_waiting.send(Run, run=run, waitpoint=waitpoint)
-        notify(agent, run, waitpoint)
+        for waitpoint in waitpoints:
+            signals.run_waiting.send(Run, run=run, waitpoint=waitpoint)
+            notify(agent, run, waitpoint)
         raise Settled(Status.WAITING)
 
     def fail_turn(
@@ -462,9 +478,11 @@ class Execution:
             error_code=code,
             error_message=message,
             unless_input=unless_input,
+            stored=self.stored(),
         )
         if settled is None:
             raise LeaseLostError(f"run {self.claim.run_id}: claim lost before saving steps")
+        self.saved(messages)
         signals.step_saved.send(Run, run_id=self.claim.run_id, steps=steps)
         if settled:
             self.announce(decision.status)

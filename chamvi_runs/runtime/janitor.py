@@ -65,7 +65,8 @@ def tick_once() -> TickReport:
 def _expire(waitpoint: WaitPoint) -> bool:
     try:
         agent = registry.get(waitpoint.run.agent)
-        fail = agent.on_approval_expired == "fail"
+        # A question that expires is answered "no answer came": the model decides what then.
+        fail = agent.on_approval_expired == "fail" and waitpoint.kind == WaitPoint.Kind.APPROVAL
     except AgentNotFound:
         fail = False
     if fail:
@@ -74,10 +75,13 @@ def _expire(waitpoint: WaitPoint) -> bool:
         announce_settled(waitpoint.run_id)
         return True
     try:
-        store.decide(waitpoint.approval_id, WaitPoint.Decision.EXPIRED, reason="no decision before expiry")
+        decided = store.decide(
+            waitpoint.approval_id, WaitPoint.Decision.EXPIRED, reason="no decision before expiry"
+        )
     except DecisionRefused:
         return False
-    enqueue(waitpoint.run_id)
+    if decided.resumes:
+        enqueue(waitpoint.run_id)
     return True
 
 

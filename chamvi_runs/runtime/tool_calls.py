@@ -1,6 +1,7 @@
 """The tool half of a step: run the model's tool calls in order, answering each in the history, and
-stop at the first one that needs approval. ``ToolCalls`` writes nothing and settles nothing: it
-returns what it did (``Answered``), and the engine saves it or opens the wait.
+stop at the first one that waits for a person: a call that needs approval, or questions to the
+run's user (``human_tool``; questions in a row wait together). ``ToolCalls`` writes nothing and
+settles nothing: it returns what it did (``Answered``), and the engine saves it or opens the wait.
 """
 
 from __future__ import annotations
@@ -8,16 +9,18 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from django.utils import timezone
 
 from ..agents.agent import Agent, RunContext
 from ..agents.tools import Tool, to_jsonable
+from ..conf import conf
 from ..core.decisions import idempotency_key
 from ..core.messages import tool_result
-from ..core.records import CallRef, Claim, StepRecord, arguments_hash
+from ..core.records import CallRef, Claim, Decided, StepRecord, WaitRequest, arguments_hash
 from ..core.storable import storable
 from ..core.types import AbortSignal, Message
 from ..errors import LeaseLostError, ToolArgumentsError
@@ -27,23 +30,23 @@ from .effects import run_effect
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Approval:
-    """A call that needs approval before it runs: its place, name, arguments and wait step."""
-
-    call: CallRef
-    name: str
-    arguments: Any
-    wait: StepRecord
+NO_ANSWER = "No answer came: the question expired before the user answered it."
 
 
 @dataclass
 class Answered:
-    """The history and steps after the calls that ran; ``approval``: the call they stopped at."""
+    """The history and steps after the calls that ran; ``waits``: the wait points they stopped at
+    (their wait steps follow ``steps``)."""
 
     messages: list[Message]
     steps: list[StepRecord]
-    approval: Approval | None = None
+    waits: list[WaitRequest] = field(default_factory=list)
+
+    @property
+    def wait_steps(self) -> list[StepRecord]:
+        return [
+            StepRecord(index=w.step_index, kind="wait", name=w.tool_name, input=w.input) for w in self.waits
+        ]
 
 
 class ToolCalls:
@@ -74,14 +77,14 @@ class ToolCalls:
         llm_index: int,
         first_position: int = 0,
         next_index: int | None = None,
-        approved: dict[int, str] | None = None,
+        decided: dict[int, Decided] | None = None,
     ) -> Answered:
         """Run each call in order, answering it in ``messages``. A call is known by its place
         (``llm_index``, position), never by the provider's call id, which providers reuse across
-        turns. ``approved``: position -> arguments hash of the calls decided approved (none for a
-        model call just made: its wait point would be saved with it)."""
+        turns. ``decided``: position -> decision of the calls a person decided (none for a model
+        call just made: its wait points would be saved with it)."""
         index = next_index if next_index is not None else steps[-1].index + 1
-        approved = approved or {}
+        decided = decided or {}
         for position, call in enumerate(calls, start=first_position):
             if self.abort.reason == "lease_lost":
                 # Another worker may hold the run now: run nothing more. (Cancel and drain let the
@@ -92,32 +95,28 @@ class ToolCalls:
             tool, arguments, error = _parse(self.tools, name, raw)
             invalid = tool is None
             output: Any = None
+            note = ""
+            ctx = None
             if tool is not None:
-                ctx = RunContext(
-                    run=self.run,
-                    agent=self.agent,
-                    abort=self.abort,
-                    step_index=index,
-                    tool_call_id=call["id"],
-                    idempotency_key=idempotency_key(self.claim.run_id, llm_index, position, name)
-                    if tool.effect
-                    else None,
-                )
-                if position in approved:
-                    if approved[position] != arguments_hash(to_jsonable(arguments)):
-                        # An approval lets through the exact call it was asked for, nothing else.
-                        tool, error = None, "not run: the approval was given for other arguments"
+                ctx = self.context(tool, index, call["id"], llm_index, position)
+                if position in decided:
+                    tool, arguments, output, error, note = _as_decided(tool, arguments, decided[position])
+                elif tool.question is not None:
+                    waits = self.questions(calls[position - first_position :], llm_index, position, index)
+                    return Answered(messages, steps, waits)
                 elif self.agent.needs_approval(name, arguments, ctx):
-                    wait = StepRecord(
-                        index=index, kind="wait", name=name, input=to_jsonable(arguments), started_at=started
+                    return Answered(
+                        messages, steps, [self.approval(call, tool, arguments, llm_index, position, index)]
                     )
-                    approval = Approval(
-                        CallRef(llm_index, position, call["id"]), name, to_jsonable(arguments), wait
-                    )
-                    return Answered(messages, steps, approval)
-            # A call that waits for approval is announced by run.waiting, and here once it runs.
-            self.emit("tool.call", step=index, tool_call_id=call["id"], name=name, input=_loads(raw))
-            if tool is not None:
+            # A call that waits for a person is announced by run.waiting, and here once it runs.
+            self.emit(
+                "tool.call",
+                step=index,
+                tool_call_id=call["id"],
+                name=name,
+                input=_shown(arguments, raw, note),
+            )
+            if tool is not None and ctx is not None:
                 output, error = self.invoke(tool, ctx, arguments)
             # An exception's text may quote what the model sent, a lone surrogate included.
             error = storable(error)
@@ -136,11 +135,66 @@ class ToolCalls:
                     invalid_call=invalid,
                 ),
             ]
-            messages = [*messages, tool_result(call["id"], _result_text(output, error))]
+            messages = [*messages, tool_result(call["id"], note + _result_text(output, error))]
             result = {"error": error} if error else {"output": output}
             self.emit("tool.result", step=index, tool_call_id=call["id"], name=name, **result)
             index += 1
         return Answered(messages, steps)
+
+    def context(self, tool: Tool, index: int, call_id: str, llm_index: int, position: int) -> RunContext:
+        return RunContext(
+            run=self.run,
+            agent=self.agent,
+            abort=self.abort,
+            step_index=index,
+            tool_call_id=call_id,
+            idempotency_key=idempotency_key(self.claim.run_id, llm_index, position, tool.name)
+            if tool.effect
+            else None,
+        )
+
+    def ttl(self, own: timedelta | None = None) -> timedelta:
+        return own or self.agent.approval_ttl or conf.APPROVAL_TTL
+
+    def approval(
+        self, call: dict[str, Any], tool: Tool, arguments: Any, llm_index: int, position: int, index: int
+    ) -> WaitRequest:
+        return WaitRequest(
+            call=CallRef(llm_index, position, call["id"]),
+            tool_name=tool.name,
+            input=to_jsonable(arguments),
+            kind="approval",
+            ttl=self.ttl(),
+            step_index=index,
+            editable=self.agent.editable(tool.name),
+        )
+
+    def questions(
+        self, calls: list[dict[str, Any]], llm_index: int, position: int, index: int
+    ) -> list[WaitRequest]:
+        """The question at ``position`` and the questions right after it in the same model call:
+        the user answers them in any order, and the run goes on once all are answered."""
+        waits = []
+        for offset, call in enumerate(calls):
+            tool, arguments, _error = _parse(
+                self.tools, call["function"]["name"], call["function"].get("arguments") or ""
+            )
+            if tool is None or tool.question is None:
+                break
+            waits.append(
+                WaitRequest(
+                    call=CallRef(llm_index, position + offset, call["id"]),
+                    tool_name=tool.name,
+                    input=to_jsonable(arguments),
+                    kind="input",
+                    ttl=self.ttl(tool.question.ttl),
+                    step_index=index + offset,
+                    editable=False,
+                    answer_schema=tool.question.answer_schema,
+                    client=tool.question.client,
+                )
+            )
+        return waits
 
     def invoke(self, tool: Tool, ctx: RunContext, arguments: dict[str, Any]) -> tuple[Any, str]:
         if tool.effect:
@@ -163,6 +217,38 @@ def _parse(tools: dict[str, Tool], name: str, raw: str) -> tuple[Tool | None, An
         return tool, tool.validate(raw), ""
     except ToolArgumentsError as exc:
         return None, _loads(raw), f"invalid call: {exc}"
+
+
+def _as_decided(tool: Tool, arguments: Any, decided: Decided) -> tuple[Tool | None, Any, Any, str, str]:
+    """A decided call: the tool to run (None: nothing to run) with its arguments, or its output or
+    error, and the note that tells the model what a person changed."""
+    if decided.kind == "input":
+        answered = decided.decision == "answered"
+        return None, arguments, decided.answer if answered else NO_ANSWER, "", ""
+    approved = arguments
+    if decided.approved_input is not None:
+        try:
+            approved = tool.validate(json.dumps(decided.approved_input))
+        except ToolArgumentsError as exc:
+            # Validated when approved; a deploy may have changed the tool since.
+            return None, arguments, None, f"not run: the approved arguments no longer fit the tool: {exc}", ""
+    if decided.arguments_hash != arguments_hash(to_jsonable(approved)):
+        # An approval lets through the exact call it was asked for, nothing else.
+        return None, arguments, None, "not run: the approval was given for other arguments", ""
+    if approved is arguments:
+        return tool, arguments, None, "", ""
+    note = (
+        "A person changed the arguments before approving this call; it ran with "
+        f"{json.dumps(to_jsonable(approved), ensure_ascii=False)} instead of "
+        f"{json.dumps(to_jsonable(arguments), ensure_ascii=False)}.\nResult: "
+    )
+    return tool, approved, None, "", note
+
+
+def _shown(arguments: Any, raw: str, edited: str) -> Any:
+    """A call's input as ``tool.call`` shows it: as the model sent it, or the arguments a person
+    approved instead."""
+    return to_jsonable(arguments) if edited else _loads(raw)
 
 
 def _loads(raw: str) -> Any:

@@ -39,6 +39,7 @@ from .claims import claim, count_model_call, renew, renew_many, start_model_call
 from .connections import hand_back
 from .creating import create_run, thread_for
 from .effects import effect_record, lock_for_effect, record_effect
+from .histories import history
 from .notifying import (
     NOTIFY_LEASE,
     mark_notified,
@@ -50,15 +51,15 @@ from .notifying import (
 from .progress import CLOSED_AT_END, back_to_waiting, open_wait, save_and_settle, save_step, settle
 from .pruning import PruneRefused, PruneReport, Retention, prune
 from .queries import (
-    approved_calls,
     cancels_among,
     checkpoint,
-    earlier_thread_histories,
+    decided_calls,
     last_model_step,
     pending_inputs,
     resumed_decision,
     run,
-    waitpoint_at,
+    thread_nodes,
+    waiting_at,
 )
 from .steering import add_input, cancel, decide, fail_expired_wait
 
@@ -72,7 +73,6 @@ __all__ = [
     "Retention",
     "StepRecord",
     "add_input",
-    "approved_calls",
     "arguments_hash",
     "back_to_waiting",
     "cancel",
@@ -82,11 +82,12 @@ __all__ = [
     "count_model_call",
     "create_run",
     "decide",
-    "earlier_thread_histories",
+    "decided_calls",
     "effect_record",
     "fail_expired_wait",
     "hand_back",
     "hash_token",
+    "history",
     "last_model_step",
     "lock_for_effect",
     "mark_notified",
@@ -107,5 +108,6 @@ __all__ = [
     "start_model_call",
     "take_notification",
     "thread_for",
-    "waitpoint_at",
+    "thread_nodes",
+    "waiting_at",
 ]

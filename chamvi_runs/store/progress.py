@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterable
-from datetime import timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -15,11 +14,12 @@ from django.utils import timezone
 
 from ..core.faults import crash_point
 from ..core.messages import answer_open_calls
-from ..core.records import CallRef, Claim, StepRecord, arguments_hash, hash_token
+from ..core.records import Claim, StepRecord, Stored, WaitRequest, arguments_hash, hash_token
 from ..core.states import TERMINAL, Status
 from ..core.storable import storable
 from ..core.types import NO_USAGE, Message, Usage
 from ..models import Checkpoint, Step, WaitPoint
+from . import histories
 from .fence import db_now_plus, to, update_held
 from .queries import waiting_inputs
 
@@ -30,7 +30,7 @@ class _Refused(Exception):
     """Rolls back a step's transaction whose fenced write, or step insert, was refused."""
 
 
-def _write_steps(claim: Claim, steps: Iterable[StepRecord]) -> None:
+def _write_steps(claim: Claim, steps: Iterable[StepRecord], added: list[list[Message]]) -> None:
     now = timezone.now()
     rows = [
         Step(
@@ -41,29 +41,18 @@ def _write_steps(claim: Claim, steps: Iterable[StepRecord]) -> None:
             input=storable(s.input),
             output=storable(s.output),
             error=storable(s.error),
+            messages=storable(messages),
             attempt=claim.attempt,
             started_at=s.started_at or now,
             finished_at=s.finished_at or now,
         )
-        for s in steps
+        for s, messages in zip(steps, added, strict=True)
     ]
     try:
         Step.objects.bulk_create(rows)
     except IntegrityError:
         # A step index is recorded once; a duplicate means another execution got there first.
         raise _Refused from None
-
-
-def write_checkpoint(run_id: str, step_index: int, messages: list[Message], finish_reason: str) -> None:
-    """Inside a transaction that holds the run row: the one checkpoint of the run, moved forward."""
-    messages = storable(messages)
-    updated = Checkpoint.objects.filter(run_id=run_id, step_index__lte=step_index).update(
-        step_index=step_index, messages=messages, finish_reason=finish_reason or "", created_at=timezone.now()
-    )
-    if not updated:
-        Checkpoint.objects.create(
-            run_id=run_id, step_index=step_index, messages=messages, finish_reason=finish_reason or ""
-        )
 
 
 def _record(
@@ -74,12 +63,17 @@ def _record(
     usage: Usage,
     consumed_inputs: Iterable[str],
     *,
+    stored: Stored | None = None,
+    whole: bool = False,
     unless_cancelled: bool = False,
     **run_fields: Any,
 ) -> int:
-    """Inside a transaction: the fenced run update (usage, plus ``run_fields``), the steps, the
-    checkpoint at the last step's index, and the inputs those steps took. Returns that index;
-    raises _Refused when the fence (or, with ``unless_cancelled``, a requested cancel) refuses."""
+    """Inside a transaction: the fenced run update (usage, plus ``run_fields``), the steps with the
+    messages each added to the history, the checkpoint at the last step's index (with the whole
+    history when ``whole`` or ``stored`` asks for it), and the inputs those steps took. ``stored``
+    None: the caller does not say what is stored, and the whole history is written. Returns that
+    index; raises _Refused when the fence (or, with ``unless_cancelled``, a requested cancel)
+    refuses."""
     if not update_held(
         claim,
         unless_cancelled=unless_cancelled,
@@ -90,14 +84,23 @@ def _record(
         **run_fields,
     ):
         raise _Refused
-    _write_steps(claim, steps)
+    if stored is None:
+        length = Checkpoint.objects.filter(run_id=claim.run_id).values_list("length", flat=True).first()
+        stored = Stored(length or 0, whole=True)
+    # Only what the steps added is written, unless the whole history is asked for.
+    _write_steps(claim, steps, histories.parts(steps, messages[stored.length :]))
     last = max(s.index for s in steps)
-    write_checkpoint(claim.run_id, last, messages, finish_reason)
+    histories.move_checkpoint(
+        claim.run_id,
+        last,
+        messages,
+        finish_reason,
+        whole=whole or stored.whole,
+        opening_length=stored.opening_length,
+    )
     inputs = list(consumed_inputs)
     if inputs:
-        waiting_inputs(claim.run_id).filter(pk__in=inputs).update(
-            consumed_step=min(s.index for s in steps)
-        )
+        waiting_inputs(claim.run_id).filter(pk__in=inputs).update(consumed_step=min(s.index for s in steps))
     return last
 
 
@@ -109,13 +112,14 @@ def save_step(
     finish_reason: str = "",
     usage: Usage = NO_USAGE,
     consumed_inputs: Iterable[str] = (),
+    stored: Stored | None = None,
 ) -> bool:
     """Steps + checkpoint + usage of one model call (or of tools run after a decision), atomically.
     The call itself was counted before it was made (``count_model_call``). False: the claim is lost
     (or another execution recorded these steps first), and nothing was written."""
     try:
         with transaction.atomic():
-            _record(claim, steps, messages, finish_reason, usage, consumed_inputs)
+            _record(claim, steps, messages, finish_reason, usage, consumed_inputs, stored=stored)
             crash_point("before_step_commit")
     except _Refused:
         return False
@@ -128,50 +132,60 @@ def open_wait(
     steps: list[StepRecord],
     messages: list[Message],
     *,
-    call: CallRef,
-    tool_name: str,
-    tool_input: Any,
-    ttl: timedelta,
+    waits: list[WaitRequest],
     usage: Usage = NO_USAGE,
     consumed_inputs: Iterable[str] = (),
-) -> WaitPoint | None:
-    """Record the step that asks for approval, open a WaitPoint, move to ``waiting`` and release the
+    stored: Stored | None = None,
+) -> list[WaitPoint] | None:
+    """Record the steps that ask (an approval, or questions of one model call: their wait steps are
+    among ``steps``), open a WaitPoint for each of ``waits``, move to ``waiting`` and release the
     claim, atomically. None: a cancel was requested (it wins over the wait) or the claim is lost;
-    nothing was written. The returned wait point carries the raw token in memory only."""
-    token = secrets.token_urlsafe(32)
+    nothing was written. The returned wait points carry their raw token in memory only."""
+    tokens = [secrets.token_urlsafe(32) for _ in waits]
     try:
         with transaction.atomic():
-            wait_index = _record(
+            _record(
                 claim,
                 steps,
                 messages,
                 "tool_calls",
                 usage,
                 consumed_inputs,
+                stored=stored,
+                whole=True,
                 unless_cancelled=True,
                 status=Status.WAITING,
                 claim_owner=None,
                 claim_expires_at=None,
             )
-            tool_input = storable(tool_input)
-            waitpoint = WaitPoint.objects.create(
-                run_id=claim.run_id,
-                step_index=wait_index,
-                model_step=call.model_step,
-                call_position=call.position,
-                arguments_hash=arguments_hash(tool_input),
-                tool_call_id=storable(call.call_id),
-                tool_name=storable(tool_name),
-                input=tool_input,
-                # The database's clock: hosts' clocks disagree, and expiry is decided in SQL.
-                expires_at=db_now_plus(ttl),
-                token_hash=hash_token(token),
-            )
+            created = []
+            for wait, token in zip(waits, tokens, strict=True):
+                tool_input = storable(wait.input)
+                created.append(
+                    WaitPoint.objects.create(
+                        run_id=claim.run_id,
+                        kind=wait.kind,
+                        step_index=wait.step_index,
+                        model_step=wait.call.model_step,
+                        call_position=wait.call.position,
+                        arguments_hash=arguments_hash(tool_input),
+                        tool_call_id=storable(wait.call.call_id),
+                        tool_name=storable(wait.tool_name),
+                        input=tool_input,
+                        editable=wait.editable,
+                        answer_schema=wait.answer_schema,
+                        client=wait.client,
+                        # The database's clock: hosts' clocks disagree, and expiry is decided in SQL.
+                        expires_at=db_now_plus(wait.ttl),
+                        token_hash=hash_token(token),
+                    )
+                )
     except _Refused:
         return None
-    waitpoint.refresh_from_db(fields=["expires_at", "created_at"])
-    waitpoint.token = token
-    return waitpoint
+    for waitpoint, token in zip(created, tokens, strict=True):
+        waitpoint.refresh_from_db(fields=["expires_at", "created_at"])
+        waitpoint.token = token
+    return created
 
 
 def back_to_waiting(claim: Claim) -> bool:
@@ -201,6 +215,7 @@ def save_and_settle(
     error_code: str = "",
     error_message: str = "",
     unless_input: bool = False,
+    stored: Stored | None = None,
 ) -> bool | None:
     """The step that ends a run (a final answer, a broken model turn) and its terminal settle, in
     one transaction. With ``unless_input``, input that arrived while the model answered (not among
@@ -211,7 +226,8 @@ def save_and_settle(
     consumed = list(consumed_inputs)
     try:
         with transaction.atomic():
-            _record(claim, steps, answer_open_calls(messages, CLOSED_AT_END), finish_reason, usage, consumed)
+            closed = answer_open_calls(messages, CLOSED_AT_END)
+            _record(claim, steps, closed, finish_reason, usage, consumed, stored=stored, whole=True)
             # The run row is locked now and add_input locks it too: an input that is not seen here
             # is refused, once this commits, as one sent to a settled run.
             if unless_input and waiting_inputs(claim.run_id).exclude(pk__in=consumed).exists():
@@ -267,13 +283,13 @@ def settle(
         if status == Status.CANCELLED:
             # A cancel its execution settles (e.g. while going back to waiting) closes the approval too.
             cancel_open_approval(claim.run_id)
-        if close_history is not None:
-            close_history_of(claim.run_id, close_history)
+        # The run leaves its worker: its whole history is written, closed or not.
+        close_history_of(claim.run_id, close_history)
     return True
 
 
 def cancel_open_approval(run_id: str, by: Any = None) -> None:
-    """Inside the transaction that cancels the run: its open wait point is decided ``cancelled``."""
+    """Inside the transaction that cancels the run: its open wait points are decided ``cancelled``."""
     WaitPoint.objects.filter(run_id=run_id, decision__isnull=True).update(
         decision=WaitPoint.Decision.CANCELLED,
         decided_by=by if getattr(by, "pk", None) else None,
@@ -282,10 +298,9 @@ def cancel_open_approval(run_id: str, by: Any = None) -> None:
     )
 
 
-def close_history_of(run_id: str, reason: str) -> None:
-    """Inside the settling transaction: every open tool call of the checkpoint gets ``reason``."""
-    checkpoint = Checkpoint.objects.filter(run_id=run_id).first()
-    if checkpoint is not None:
-        closed = answer_open_calls(checkpoint.messages, reason)
-        if len(closed) != len(checkpoint.messages):
-            write_checkpoint(run_id, checkpoint.step_index, closed, checkpoint.finish_reason)
+def close_history_of(run_id: str, reason: str | None) -> None:
+    """Inside the settling transaction: every open tool call of the history gets ``reason`` (None:
+    they stay open, for the run to go on), and the whole history is written."""
+    messages = histories.full(run_id)
+    closed = answer_open_calls(messages, reason) if reason is not None else messages
+    histories.append(run_id, closed[len(messages) :])

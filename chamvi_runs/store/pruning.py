@@ -70,12 +70,17 @@ class Retention:
         return Q(status__in=sorted(s.value for s in self.statuses)) & Q(LessThan(settled, self.cutoff()))
 
     def deletable(self) -> Q:
-        keeps_history = carries_history()
+        keeps_history = carries_history() | Q(_base_of_unsettled())
         if self.threads:
             # Unless no run of the thread stays: then the whole thread goes, its history with it.
             same_thread = Run.objects.filter(thread=OuterRef("thread"), scope=OuterRef("scope"))
             keeps_history &= Q(Exists(same_thread.exclude(self.old())))
         return self.old() & ~keeps_history
+
+
+def _base_of_unsettled() -> Exists:
+    """A run whose history a fork, regenerate or resend that has not settled yet starts from."""
+    return Exists(Run.objects.filter(base_id=OuterRef("pk")).exclude(status__in=_TERMINAL))
 
 
 def _has_checkpoint() -> Exists:
@@ -95,8 +100,8 @@ def _newer_history(**creator: Any) -> Exists:
 
 
 def carries_history() -> Q:
-    """The run's history is one a new run of its thread may start from (``queries.
-    earlier_thread_histories``): the newest settled run with a checkpoint of its thread among the runs
+    """The run's history is one a new run of its thread may start from (``runtime.start_point``):
+    the newest settled run with a checkpoint of its thread among the runs
     of its creator. A run without a creator takes only histories of runs without one; a user takes
     the newest they may view, which the default policy makes theirs or, with ``view_run``, anyone's:
     the newest of each creator covers both."""
@@ -152,7 +157,9 @@ def prune(retention: Retention, *, dry_run: bool = False, batch_size: int = 500)
     foreign = sorted(
         rel.related_model._meta.label
         for rel in Run._meta.related_objects
-        if rel.related_model not in CHILDREN and not isinstance(rel.related_model, str)
+        # A run's references to other runs (``base``, ``replaces``) hold no constraint: they may
+        # name a pruned run.
+        if rel.related_model not in (*CHILDREN, Run) and not isinstance(rel.related_model, str)
     )
     if foreign:
         raise PruneRefused(f"{', '.join(foreign)} reference Run: delete their rows first")

@@ -25,9 +25,12 @@ from django.db.models import (
 )
 from django.db.models.functions import Now
 
-from ..core.states import TERMINAL, Status
+from ..core.branches import Node
+from ..core.records import Decided
+from ..core.states import Status
 from ..core.types import Message
-from ..models import Checkpoint, Run, RunInput, Step, WaitPoint
+from ..models import Run, RunInput, Step, WaitPoint
+from . import histories
 from .fence import waits_for_elder
 
 
@@ -36,27 +39,21 @@ def run(run_id: str) -> Run:
 
 
 def checkpoint(run_id: str) -> tuple[list[Message], int] | None:
-    """The run's checkpoint: its messages and the index of the step it was taken after."""
-    row = Checkpoint.objects.filter(run_id=run_id).only("messages", "step_index").first()
-    return None if row is None else (list(row.messages), row.step_index)
+    """The run's history at its checkpoint, and the index of the step it was taken after."""
+    return histories.history(run_id)
 
 
-def earlier_thread_histories(run: Run, limit: int) -> list[tuple[Run, list[Message]]]:
-    """The settled runs of ``run``'s thread created before it (newest first, at most ``limit``) with
-    their final histories; only runs without a creator when ``run`` has none."""
-    earlier = (
-        Checkpoint.objects.filter(
-            run__thread=run.thread,
-            run__scope=run.scope,
-            run__status__in=[s.value for s in TERMINAL],
-            run__created_at__lt=run.created_at,
-        )
-        .select_related("run")
-        .order_by("-run__created_at")
+def thread_nodes(thread: str, scope: str) -> list[Node]:
+    """The runs of a thread as its branch sees them (``core.branches``), in creation order."""
+    rows = (
+        Run.objects.filter(thread=thread, scope=scope)
+        .order_by("created_at", "id")
+        .values_list("id", "replaces_id", "base_id", "base_step")
     )
-    if run.created_by_id is None:
-        earlier = earlier.filter(run__created_by__isnull=True)
-    return [(c.run, list(c.messages)) for c in earlier[:limit]]
+    return [
+        Node(run_id, replaces, base if replaces is None else None, base_step == -1)
+        for run_id, replaces, base, base_step in rows
+    ]
 
 
 def last_model_step(run_id: str, before: int | None = None) -> Step | None:
@@ -67,17 +64,25 @@ def last_model_step(run_id: str, before: int | None = None) -> Step | None:
     return steps.order_by("-index").first()
 
 
-def waitpoint_at(run_id: str, model_step: int, position: int) -> WaitPoint | None:
-    """The wait point of one tool call, by its place."""
-    return WaitPoint.objects.filter(run_id=run_id, model_step=model_step, call_position=position).first()
+def waiting_at(run_id: str, model_step: int, position: int) -> bool:
+    """Whether a call of one model call, at ``position`` or after it, still waits for a decision."""
+    return WaitPoint.objects.filter(
+        run_id=run_id, model_step=model_step, call_position__gte=position, decision__isnull=True
+    ).exists()
 
 
-def approved_calls(run_id: str, model_step: int) -> dict[int, str]:
-    """Position -> arguments hash of the calls of one model call that were approved."""
-    approved = WaitPoint.objects.filter(
-        run_id=run_id, model_step=model_step, decision=WaitPoint.Decision.APPROVED
-    ).values_list("call_position", "arguments_hash")
-    return dict(approved)
+def decided_calls(run_id: str, model_step: int) -> dict[int, Decided]:
+    """Position -> decision of the calls of one model call an execution resumes with: approved
+    calls, and questions answered or expired. (A denied or expired approval is already answered in
+    the history.)"""
+    rows = WaitPoint.objects.filter(run_id=run_id, model_step=model_step).filter(
+        Q(decision=WaitPoint.Decision.APPROVED)
+        | Q(kind=WaitPoint.Kind.INPUT, decision__in=[WaitPoint.Decision.ANSWERED, WaitPoint.Decision.EXPIRED])
+    )
+    return {
+        w.call_position: Decided(w.kind, w.decision or "", w.arguments_hash, w.approved_input, w.answer)
+        for w in rows.only("call_position", "kind", "decision", "arguments_hash", "approved_input", "answer")
+    }
 
 
 def cancels_among(run_ids: Collection[str]) -> set[str]:

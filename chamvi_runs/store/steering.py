@@ -14,13 +14,14 @@ from django.db.models.functions import Cast, Coalesce, Length, Now
 
 from ..core.decisions import CLOSED_BY
 from ..core.messages import tool_result
-from ..core.records import hash_token
+from ..core.records import arguments_hash, hash_token
 from ..core.states import TERMINAL, Status
 from ..core.storable import storable
-from ..errors import DecisionRefused, InputRefused, RunNotFound
-from ..models import Checkpoint, Run, RunInput, WaitPoint
+from ..errors import DecisionRefused, InputRefused, InvalidAnswer, RunNotFound
+from ..models import Run, RunInput, WaitPoint
+from . import histories
 from .fence import effect_lock, to
-from .progress import cancel_open_approval, close_history_of, write_checkpoint
+from .progress import cancel_open_approval, close_history_of
 
 
 def cancel(run_id: str, *, by: Any = None) -> bool:
@@ -92,14 +93,33 @@ def add_input(run_id: str, payload: Any, *, size: int, max_inputs: int, max_pend
         return RunInput.objects.create(run_id=run_id, payload=payload, size=size)
 
 
+# What each decision may decide: an approval is approved or denied, a question answered; both
+# expire, and a cancel closes both.
+_DECIDES = {
+    WaitPoint.Decision.APPROVED: WaitPoint.Kind.APPROVAL,
+    WaitPoint.Decision.DENIED: WaitPoint.Kind.APPROVAL,
+    WaitPoint.Decision.ANSWERED: WaitPoint.Kind.INPUT,
+}
+
+
 def decide(
-    approval_id: str, decision: str, *, by: Any = None, reason: str = "", token: str | None = None
+    approval_id: str,
+    decision: str,
+    *,
+    by: Any = None,
+    reason: str = "",
+    token: str | None = None,
+    answer: Any = None,
+    approved_input: Any = None,
 ) -> WaitPoint:
-    """Record an approval decision once, and return the decided wait point. Approved: the run goes
-    back to ``running`` (unclaimed) and its next execution runs the tool. Denied or expired: the
-    tool's result in the checkpoint (same step index, replacing it) tells the model so. Raises
-    DecisionRefused (``not_found``, ``already_decided``, ``expired``, ``bad_token``): a refusal the
-    caller shows, with its reason."""
+    """Record a decision once, and return the decided wait point. An approval is approved (with
+    ``approved_input``, the arguments that run instead of the proposal, already validated: the
+    arguments hash binds them) or denied; a question is ``answered`` (``answer``, validated). Once
+    none of the run's wait points is open, the run goes back to ``running`` (unclaimed), and
+    ``resumes`` on the returned wait point says so: its next execution carries the decisions out.
+    A denied or expired approval is answered in the checkpoint at once (same step index, replacing
+    it) for the model. Raises DecisionRefused (``not_found``, ``already_decided``, ``expired``,
+    ``bad_token``, ``wrong_kind``) or InvalidAnswer (``not_editable``): nothing was written."""
     run_id = WaitPoint.objects.filter(approval_id=approval_id).values_list("run_id", flat=True).first()
     if run_id is None:
         raise DecisionRefused(f"no approval {approval_id}", code="not_found")
@@ -114,6 +134,7 @@ def decide(
         assert waitpoint is not None  # wait points are deleted only with their run
         if token is not None and not secrets.compare_digest(hash_token(token), waitpoint.token_hash):
             raise DecisionRefused("this token does not decide this approval", code="bad_token")
+        _check_kind(waitpoint, decision, approved_input)
         if waitpoint.decision is not None:
             code = "expired" if waitpoint.decision == WaitPoint.Decision.EXPIRED else "already_decided"
             raise DecisionRefused(f"approval {approval_id} was already {waitpoint.decision}", code=code)
@@ -121,29 +142,56 @@ def decide(
             raise DecisionRefused(f"approval {approval_id} expired at {waitpoint.expires_at}", code="expired")
         if not waiting:
             raise DecisionRefused(f"run {run_id} is not waiting", code="already_decided")
+        fields: dict[str, Any] = {}
+        if approved_input is not None:
+            fields.update(
+                approved_input=storable(approved_input), arguments_hash=arguments_hash(approved_input)
+            )
+        if decision == WaitPoint.Decision.ANSWERED:
+            fields["answer"] = storable(answer)
         WaitPoint.objects.filter(pk=waitpoint.pk).update(
             decision=decision,
             decided_by=by if getattr(by, "pk", None) else None,
             decided_at=Now(),
             reason=storable(reason),
+            **fields,
         )
-        if decision != WaitPoint.Decision.APPROVED:
-            checkpoint = Checkpoint.objects.get(run_id=run_id)
-            verdict = "denied" if decision == WaitPoint.Decision.DENIED else "expired without a decision"
-            text = f"The call to {waitpoint.tool_name} was not run: approval {verdict}."
-            if reason:
-                text += f" Reason: {reason}"
-            write_checkpoint(
-                run_id,
-                checkpoint.step_index,
-                [*checkpoint.messages, tool_result(waitpoint.tool_call_id, text)],
-                checkpoint.finish_reason,
+        if waitpoint.kind == WaitPoint.Kind.APPROVAL and decision != WaitPoint.Decision.APPROVED:
+            _answer_refused_call(run_id, waitpoint, decision, reason)
+        # Questions of one model call are answered in any order; the run resumes with the last.
+        resumes = not WaitPoint.objects.filter(run_id=run_id, decision__isnull=True).exists()
+        if resumes:
+            Run.objects.filter(to(Status.RUNNING), pk=run_id, status=Status.WAITING).update(
+                status=Status.RUNNING, updated_at=Now()
             )
-        Run.objects.filter(to(Status.RUNNING), pk=run_id, status=Status.WAITING).update(
-            status=Status.RUNNING, updated_at=Now()
-        )
         waitpoint.refresh_from_db()
+    waitpoint.resumes = resumes
     return waitpoint
+
+
+def _check_kind(waitpoint: WaitPoint, decision: str, approved_input: Any) -> None:
+    kind = _DECIDES.get(WaitPoint.Decision(decision))
+    if kind is not None and kind != waitpoint.kind:
+        what = (
+            "a question is answered" if waitpoint.kind == WaitPoint.Kind.INPUT else "an approval is decided"
+        )
+        raise DecisionRefused(
+            f"{waitpoint.approval_id} is {'a question' if kind == WaitPoint.Kind.APPROVAL else 'an approval'}"
+            f": {what}, not {decision}",
+            code="wrong_kind",
+        )
+    if approved_input is not None and not waitpoint.editable:
+        raise InvalidAnswer(
+            f"the arguments of {waitpoint.tool_name} cannot be changed before approving", code="not_editable"
+        )
+
+
+def _answer_refused_call(run_id: str, waitpoint: WaitPoint, decision: str, reason: str) -> None:
+    verdict = "denied" if decision == WaitPoint.Decision.DENIED else "expired without a decision"
+    text = f"The call to {waitpoint.tool_name} was not run: approval {verdict}."
+    if reason:
+        text += f" Reason: {reason}"
+    histories.append(run_id, [tool_result(waitpoint.tool_call_id, text)])
 
 
 def fail_expired_wait(approval_id: str) -> bool:

@@ -83,6 +83,18 @@ def cover(event: dict[str, Any]) -> tuple[int, str]:
     return (step if isinstance(step, int) and not isinstance(step, bool) else -1), token
 
 
+def waiting_tokens(approval_ids: list[str]) -> str:
+    """The cover tokens of a rebuild's open ``run.waiting`` events, as one string (Lua reads it):
+    each surrounded by spaces (questions of one model call wait together)."""
+    return "".join(f" w:{a}" for a in approval_ids) + " " if approval_ids else ""
+
+
+def holds_waiting(waiting: str, token: str) -> bool:
+    """Whether a region's ``waiting`` tokens hold ``token`` (a region stored by the previous
+    release holds one token, unspaced)."""
+    return bool(token) and (token == waiting or f" {token} " in waiting)
+
+
 class Window(NamedTuple):
     """What the buffer holds after a seq: ``top`` is the run's highest seq so far (0: none), and
     ``events`` the held events after the seq, or None when some of them are gone (and no region
@@ -99,7 +111,7 @@ class Rebuild:
     marker: dict[str, Any]  # the replay.truncated event that opens a region after lost seqs
     events: list[dict[str, Any]]  # run.start, the stored steps, the open run.waiting (no seq)
     step: int  # the highest stored step index the events cover (-1: none)
-    waiting: str  # cover token of the run.waiting they hold ("" if none)
+    waiting: str  # cover tokens of the run.waiting events they hold (``waiting_tokens``)
     truncated: bool  # earlier steps were left out: the marker opens the region even at seq 0
     ttl: int
 
@@ -117,7 +129,7 @@ def carried(held: list[dict[str, Any]], step: int, waiting: str) -> list[dict[st
         if index >= 0:
             if index > step:
                 out.append(event)
-        elif event["seq"] > cut and not (waiting and token == waiting):
+        elif event["seq"] > cut and not holds_waiting(waiting, token):
             out.append(event)
     return out
 
@@ -135,7 +147,7 @@ def _dropped(event: dict[str, Any], covers: tuple[int, int, str] | None) -> bool
     if covers is None:
         return False
     index, token = cover(event)
-    return 0 <= index <= covers[1] or token == "start" or bool(token and token == covers[2])
+    return 0 <= index <= covers[1] or token == "start" or holds_waiting(covers[2], token)
 
 
 class _Held:
@@ -300,8 +312,8 @@ class RedisEventLog:
     local covers = redis.call('HMGET', KEYS[3], 'step', 'waiting')
     if covers[1] then
       local step, token = tonumber(ARGV[5]), ARGV[6]
-      if (step >= 0 and step <= tonumber(covers[1])) or token == 'start'
-          or (token ~= '' and token == covers[2]) then
+      if (step >= 0 and step <= tonumber(covers[1])) or token == 'start' or (token ~= ''
+          and (token == covers[2] or string.find(covers[2], ' ' .. token .. ' ', 1, true))) then
         return false
       end
     end
@@ -389,7 +401,8 @@ class RedisEventLog:
         if event.type == 'run.waiting' and type(event.approval_id) == 'string' then
           token = 'w:' .. event.approval_id
         end
-        keep = item[2] > cut and not (waiting ~= '' and token == waiting)
+        keep = item[2] > cut and not (token ~= '' and (token == waiting
+          or string.find(waiting, ' ' .. token .. ' ', 1, true) ~= nil))
       end
       if keep then push((string.gsub(item[1], ',"seq":%d+}$', ''))) end
     end

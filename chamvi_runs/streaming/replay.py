@@ -67,8 +67,9 @@ from .buffer import (
     buffer_ttl,
     event_log,
     region,
+    waiting_tokens,
 )
-from .serializers import decision_json, run_end_event
+from .serializers import decision_json, lineage, run_end_event, waiting_event
 
 # How long after its settle a run's own run.end may still be on its way (the settling process's
 # events writer may be behind, waiting for the channel layer) before a stream stores it instead.
@@ -183,18 +184,14 @@ def rebuild(run: Run) -> Rebuild:
     if first:
         truncated, steps = True, steps[first:]
         stepped = _step_events(steps, inputs, decisions)
-    events: list[dict[str, Any]] = [{"type": "run.start", "status": Status.RUNNING.value}, *stepped]
-    waiting = run.waitpoints.filter(decision__isnull=True).first() if run.status == Status.WAITING else None
-    if waiting is not None:
-        events.append(
-            {
-                "type": "run.waiting",
-                "approval_id": waiting.approval_id,
-                "tool_name": waiting.tool_name,
-                "input": waiting.input,
-                "expires_at": waiting.expires_at.isoformat() if waiting.expires_at else None,
-            }
-        )
+    start = {"type": "run.start", "status": Status.RUNNING.value, **lineage(run)}
+    events: list[dict[str, Any]] = [start, *stepped]
+    waits = (
+        list(run.waitpoints.filter(decision__isnull=True).order_by("call_position"))
+        if run.status == Status.WAITING
+        else []
+    )
+    events.extend({"type": "run.waiting", **waiting_event(w)} for w in waits)
     if run.finished_at is not None:
         events.append(run_end_event(run))
     events = [{**event, "run_id": run.pk} for event in events]
@@ -204,7 +201,7 @@ def rebuild(run: Run) -> Rebuild:
         marker=marker,
         events=events,
         step=max((s.index for s in steps), default=-1),
-        waiting=f"w:{waiting.approval_id}" if waiting is not None else "",
+        waiting=waiting_tokens([w.approval_id for w in waits]),
         truncated=truncated,
         ttl=max(buffer_ttl(event) for event in events),
     )

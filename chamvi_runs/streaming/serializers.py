@@ -84,16 +84,38 @@ def steps_page(run: Run, window: StepWindow) -> tuple[list[Step], dict[str, Any]
     }
 
 
+def question(waitpoint: WaitPoint) -> str | None:
+    """What a question asks, as the model put it (None for an approval, or a client tool asked
+    nothing)."""
+    if waitpoint.kind != WaitPoint.Kind.INPUT or not isinstance(waitpoint.input, dict):
+        return None
+    text = waitpoint.input.get("question")
+    return text if isinstance(text, str) and text else None
+
+
+def waiting_event(waitpoint: WaitPoint) -> dict[str, Any]:
+    """The fields of the ``run.waiting`` that announces an open wait point."""
+    return {
+        "approval_id": waitpoint.approval_id,
+        "kind": waitpoint.kind,
+        "tool_name": waitpoint.tool_name,
+        "input": waitpoint.input,
+        "question": question(waitpoint),
+        "answer_schema": waitpoint.answer_schema,
+        "client": waitpoint.client,
+        "editable": waitpoint.editable and waitpoint.kind == WaitPoint.Kind.APPROVAL,
+        "expires_at": _iso(waitpoint.expires_at),
+    }
+
+
 def waitpoint_json(waitpoint: WaitPoint | None) -> dict[str, Any] | None:
     if waitpoint is None:
         return None
     return {
-        "approval_id": waitpoint.approval_id,
         "run_id": waitpoint.run_id,
-        "kind": waitpoint.kind,
-        "tool_name": waitpoint.tool_name,
-        "input": waitpoint.input,
-        "expires_at": _iso(waitpoint.expires_at),
+        **waiting_event(waitpoint),
+        "approved_input": waitpoint.approved_input,
+        "answer": waitpoint.answer,
         "notified_at": _iso(waitpoint.notified_at),
         "decision": waitpoint.decision,
         "decided_by": waitpoint.decided_by_id,
@@ -108,7 +130,11 @@ def decision_json(waitpoint: WaitPoint) -> dict[str, Any]:
     decided_by = waitpoint.decided_by
     return {
         "approval_id": waitpoint.approval_id,
+        "kind": waitpoint.kind,
         "tool_name": waitpoint.tool_name,
+        "input": waitpoint.input,
+        "approved_input": waitpoint.approved_input,
+        "answer": waitpoint.answer,
         "decision": waitpoint.decision,
         "decided_by": decided_by.get_username() if decided_by is not None else None,
         "decided_at": _iso(waitpoint.decided_at),
@@ -150,6 +176,7 @@ def run_json(run: Run, *, viewer: Any, window: StepWindow | None = None) -> dict
         "updated_at": _iso(run.updated_at),
         "started_at": _iso(run.started_at),
         "finished_at": _iso(run.finished_at),
+        **lineage(run),
     }
     if internals:
         # hostname:pid of the worker holding the claim: a map of the site's machines.
@@ -157,10 +184,54 @@ def run_json(run: Run, *, viewer: Any, window: StepWindow | None = None) -> dict
     steps, page = steps_page(run, window or StepWindow())
     data["steps"] = [step_json(s) for s in steps]
     data["steps_page"] = page
-    data["waiting"] = waitpoint_json(run.waitpoints.filter(decision__isnull=True).first())
+    # Every open wait point (questions of one model call wait together); ``waiting``: the first.
+    waits = [
+        waitpoint_json(w) for w in run.waitpoints.filter(decision__isnull=True).order_by("call_position")
+    ]
+    data["waiting"] = waits[0] if waits else None
+    data["waits"] = waits
     data["inputs"] = list(run.inputs.exclude(consumed_step=None).values_list("id", flat=True))
     data["decisions"] = decisions_json(run)
     return data
+
+
+def branch_run_json(run: Run) -> dict[str, Any]:
+    """A run as a thread's JSON lists it: what was asked, what came of it, and its lineage."""
+    return {
+        "id": run.pk,
+        "agent": run.agent,
+        "status": run.status,
+        "payload": run.trigger.get("payload"),
+        "output": run.output,
+        "error": error_json(run, internals=False),
+        "created_at": _iso(run.created_at),
+        "finished_at": _iso(run.finished_at),
+        **lineage(run),
+    }
+
+
+def lineage(run: Run) -> dict[str, Any]:
+    """Where the run stands among the runs of its thread (SPEC §12): the run it regenerates or
+    resends (``replaces``), the newest run that does so to it (``replaced_by``), and the run and
+    step it was forked from (``forked_from``)."""
+    replaced_by = Run.objects.filter(replaces_id=run.pk).order_by("-created_at").values_list("pk", flat=True)
+    forked = run.base_id is not None and run.replaces_id is None
+    return {
+        "replaces": run.replaces_id,
+        "replaced_by": replaced_by.first(),
+        "forked_from": {"run_id": run.base_id, "step": run.base_step} if forked else None,
+    }
+
+
+def start_lineage(run: Run) -> dict[str, Any]:
+    """What a live ``run.start`` says of the run's place in its thread (``lineage``), without a
+    query: a run that starts is replaced by nothing yet."""
+    forked = run.base_id is not None and run.replaces_id is None
+    return {
+        "replaces": run.replaces_id,
+        "replaced_by": None,
+        "forked_from": {"run_id": run.base_id, "step": run.base_step} if forked else None,
+    }
 
 
 def run_end_event(run: Run) -> dict[str, Any]:

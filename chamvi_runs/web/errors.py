@@ -4,7 +4,16 @@ code and the message their own way."""
 
 from __future__ import annotations
 
-from ..errors import ChamviError, DecisionRefused, InputRefused, InvalidPayload, RunNotFound
+from ..errors import (
+    ChamviError,
+    DecisionRefused,
+    HistoryUnavailable,
+    InputRefused,
+    InvalidAnswer,
+    InvalidPayload,
+    RunNotFound,
+    ThreadForbidden,
+)
 
 # A refusal whose code is not here (``run_settled``) is a 409.
 REFUSAL_STATUS = {"not_found": 404, "bad_token": 403, "already_decided": 409, "expired": 410}
@@ -20,6 +29,8 @@ class ApiError(Exception):
         """What the web layer answers for an error of the Python API."""
         if isinstance(exc, DecisionRefused):
             return cls(REFUSAL_STATUS.get(exc.code, 409), exc.code, str(exc))
+        if isinstance(exc, InvalidAnswer):
+            return cls(400, exc.code, str(exc))
         if isinstance(exc, InvalidPayload):
             if exc.too_large:
                 return cls(413, "payload_too_large", str(exc))
@@ -30,6 +41,10 @@ class ApiError(Exception):
             return cls(429, exc.code, str(exc))
         if isinstance(exc, RunNotFound):
             return cls(404, "not_found", str(exc))
+        if isinstance(exc, HistoryUnavailable):
+            return cls(409, "history_unavailable", str(exc))
+        if isinstance(exc, ThreadForbidden):
+            return cls(403, "thread_forbidden", str(exc))
         return cls(409, "refused", str(exc))
 
 

@@ -1,4 +1,5 @@
-"""What a client may send over a websocket (SPEC §8: ``input``, ``cancel``, ``approve``, ``deny``) and
+"""What a client may send over a websocket (SPEC §8: ``input``, ``cancel``, ``approve``, ``deny``; §12:
+``answer``, ``approve`` with edited ``arguments``, ``regenerate``, ``resend``) and
 the answer each gets: an ``ack``, or an ``error`` with a stable code. Each is checked against the
 same policy as the HTTP API, for the user as the database says now (the consumer looks them up
 again for every command: ``socket_auth.current_user``). A malformed message (not JSON, not an
@@ -18,12 +19,13 @@ from ..core.storable import unstorable
 from ..errors import ChamviError
 from ..models import Run
 from ..policy import policy
+from .approvals import answer as answer_question
 from .approvals import decide
 from .errors import ApiError
 
 logger = logging.getLogger(__name__)
 
-COMMANDS = ("input", "cancel", "approve", "deny")
+COMMANDS = ("input", "cancel", "approve", "deny", "answer", "regenerate", "resend")
 MAX_DEPTH = 64
 P = ParamSpec("P")
 
@@ -73,14 +75,26 @@ def answer(
     kind = content.get("type")
     if kind not in COMMANDS:
         return error("invalid_message", f"unknown type {kind!r}; one of {', '.join(COMMANDS)}")
-    if kind in ("approve", "deny"):
+    if kind in ("approve", "deny", "answer"):
         approval_id = content.get("approval_id")
         if not is_id(approval_id):
             return error("invalid_message", f"{kind} needs an approval_id")
-        reason = str(content.get("reason") or "")
         # The decision is checked against the run the approval belongs to, which must be one of
         # this socket's runs.
-        waitpoint = decide(user, approval_id, kind == "approve", reason=reason, visible=shows)
+        if kind == "answer":
+            if "answer" not in content:
+                return error("invalid_message", "answer needs an answer")
+            waitpoint = answer_question(user, approval_id, content["answer"], visible=shows)
+        else:
+            reason = str(content.get("reason") or "")
+            waitpoint = decide(
+                user,
+                approval_id,
+                kind == "approve",
+                reason=reason,
+                arguments=content.get("arguments"),
+                visible=shows,
+            )
         return {"type": "ack", "action": kind, "approval_id": waitpoint.approval_id}
     run = target(content)
     if run is None or not policy().can_view(user, run):
@@ -89,10 +103,26 @@ def answer(
         if not policy().can_cancel(user, run):
             return error("forbidden", "you may not cancel this run")
         return {"type": "ack", "action": "cancel", "status": api.cancel_run(run.pk, by=user)}
+    if kind in ("regenerate", "resend"):
+        return _again(user, run, content, kind)
     if not policy().can_steer(user, run):
         return error("forbidden", "you may not steer this run")
     item = api.send_input(run.pk, content.get("payload"))
     return {"type": "ack", "action": "input", "input_id": item.pk}
+
+
+def _again(user: Any, run: Run, content: dict[str, Any], kind: str) -> dict[str, Any]:
+    """Regenerate or resend ``run`` (SPEC §12): the ack names the new run, which a thread socket
+    streams next (a run socket follows its own run only)."""
+    if not (policy().can_steer(user, run) and policy().can_start(user, run.agent)):
+        return error("forbidden", f"you may not {kind} this run")
+    if kind == "resend":
+        if "payload" not in content:
+            return error("invalid_message", "resend needs a payload")
+        new = api.resend(run.pk, content["payload"], by=user)
+    else:
+        new = api.regenerate(run.pk, by=user)
+    return {"type": "ack", "action": kind, "run_id": new.pk, "replaces": run.pk}
 
 
 def _refused(exc: ApiError) -> dict[str, Any]:

@@ -12,13 +12,16 @@ from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.debug import sensitive_post_parameters, sensitive_variables
 
-from .. import api
+from .. import api, store
 from ..conf import conf
+from ..core.branches import current_branch
 from ..core.numbers import ascii_int
 from ..core.storable import unstorable
 from ..errors import (
     AgentNotFound,
+    ChamviError,
     DecisionRefused,
+    HistoryUnavailable,
     InputRefused,
     InvalidPayload,
     RunNotFound,
@@ -26,8 +29,16 @@ from ..errors import (
 )
 from ..models import Run
 from ..policy import policy
-from ..streaming.serializers import MAX_STEPS_LIMIT, STEPS_LIMIT, StepWindow, run_json, waitpoint_json
-from .approvals import decide
+from ..streaming.serializers import (
+    MAX_STEPS_LIMIT,
+    STEPS_LIMIT,
+    StepWindow,
+    branch_run_json,
+    run_json,
+    waitpoint_json,
+)
+from . import threads
+from .approvals import answer, decide
 from .auth import authenticate
 from .errors import ApiError, unauthenticated
 
@@ -109,6 +120,8 @@ def _body(request: HttpRequest) -> dict[str, Any]:
 
 
 MAX_QUERY_INT = 2**31 - 1
+# How many runs of a thread's branch (and of its replaced runs) its JSON lists.
+THREAD_RUNS = 200
 
 
 def query_int(
@@ -149,7 +162,7 @@ def _run_for(request: HttpRequest, run_id: str, *, steer: bool = False, cancel: 
 def runs(request: HttpRequest) -> HttpResponse:
     user = _require_user(request)
     data = _body(request)
-    unknown = sorted(set(data) - {"agent", "payload", "thread", "concurrency_key", "keys", "id"})
+    unknown = sorted(set(data) - {"agent", "payload", "thread", "concurrency_key", "keys", "id", "from_step"})
     if unknown:
         raise ApiError(400, "invalid_field", f"unknown fields: {', '.join(unknown)}")
     agent = data.get("agent")
@@ -160,6 +173,7 @@ def runs(request: HttpRequest) -> HttpResponse:
     keys = data.get("keys")
     if keys is not None and not isinstance(keys, dict):
         raise ApiError(400, "invalid_field", "'keys' must be an object")
+    from_step = _from_step(request, data.get("from_step"))
     try:
         run = api.start_run(
             agent,
@@ -174,10 +188,11 @@ def runs(request: HttpRequest) -> HttpResponse:
             # Keys and trigger ids sent over HTTP are the caller's own: another user can neither
             # hold this caller's key nor claim a trigger id before their webhook sends it.
             scope=policy().scope(user),
+            from_step=from_step,
         )
     except AgentNotFound as exc:
         raise ApiError(404, "agent_not_found", str(exc)) from None
-    except InvalidPayload as exc:
+    except (InvalidPayload, HistoryUnavailable) as exc:
         raise ApiError.of(exc) from None
     except ThreadForbidden as exc:
         raise ApiError(403, "thread_forbidden", str(exc)) from None
@@ -186,6 +201,24 @@ def runs(request: HttpRequest) -> HttpResponse:
         # run of it this user may not see: do not reveal it.
         raise ApiError(409, "duplicate_id", f"the id is already used by another run of {agent}")
     return JsonResponse(run_json(run, viewer=user), status=201)
+
+
+def _from_step(request: HttpRequest, value: Any) -> tuple[str, int] | None:
+    """``[run_id, step]`` of a run the caller may view, or None."""
+    if value is None:
+        return None
+    if (
+        not isinstance(value, list)
+        or len(value) != 2
+        or not isinstance(value[1], int)
+        or isinstance(value[1], bool)
+        or value[1] < -1
+    ):
+        raise ApiError(400, "invalid_field", "'from_step' must be [run id, step index], the index -1 or more")
+    source = _run_for(request, value[0]) if isinstance(value[0], str) else None
+    if source is None:
+        raise ApiError(400, "invalid_field", "'from_step' must name a run id")
+    return source.pk, value[1]
 
 
 @api_view("GET")
@@ -240,12 +273,16 @@ def _decide(request: HttpRequest, approval_id: str, approve: bool) -> HttpRespon
     data = _body(request)
     token = data.get("token") or request.GET.get("token")
     user = request.api_user  # type: ignore[attr-defined]
+    unknown = sorted(set(data) - {"reason", "token", *(["arguments"] if approve else [])})
+    if unknown:
+        raise ApiError(400, "invalid_field", f"unknown fields: {', '.join(unknown)}")
     waitpoint = decide(
         user if user.is_authenticated else None,
         approval_id,
         approve,
         reason=data.get("reason", ""),
         token=token,
+        arguments=data.get("arguments"),
     )
     return JsonResponse(waitpoint_json(waitpoint) or {})
 
@@ -260,3 +297,83 @@ def approval_approve(request: HttpRequest, approval_id: str) -> HttpResponse:
 @api_view("POST")
 def approval_deny(request: HttpRequest, approval_id: str) -> HttpResponse:
     return _decide(request, approval_id, False)
+
+
+@sensitive_post_parameters("token")
+@api_view("POST")
+@sensitive_variables("data", "token")
+def approval_answer(request: HttpRequest, approval_id: str) -> HttpResponse:
+    """Answer a question: ``{"answer": <JSON>}`` (``null`` is an answer too, when its schema takes it)."""
+    data = _body(request)
+    unknown = sorted(set(data) - {"answer", "token"})
+    if unknown:
+        raise ApiError(400, "invalid_field", f"unknown fields: {', '.join(unknown)}")
+    if "answer" not in data:
+        raise ApiError(400, "invalid_field", "'answer' is required")
+    token = data.get("token") or request.GET.get("token")
+    user = request.api_user  # type: ignore[attr-defined]
+    waitpoint = answer(user if user.is_authenticated else None, approval_id, data["answer"], token=token)
+    return JsonResponse(waitpoint_json(waitpoint) or {})
+
+
+def _again(request: HttpRequest, run_id: str, payload: Any = None, *, resend: bool = False) -> HttpResponse:
+    user = _require_user(request)
+    old = _run_for(request, run_id, steer=True)
+    if not policy().can_start(user, old.agent):
+        raise ApiError(403, "forbidden", f"you may not start {old.agent}")
+    try:
+        run = api.resend(old.pk, payload, by=user) if resend else api.regenerate(old.pk, by=user)
+    except ThreadForbidden as exc:
+        raise ApiError(403, "thread_forbidden", str(exc)) from None
+    except ChamviError as exc:
+        raise ApiError.of(exc) from None
+    return JsonResponse(run_json(run, viewer=user), status=201)
+
+
+@api_view("POST")
+def run_regenerate(request: HttpRequest, run_id: str) -> HttpResponse:
+    """Answer again (SPEC §12): a new run of the thread from the history this settled run started
+    from, with its trigger. 201 with the new run; 409 ``run_active`` while this one is active."""
+    data = _body(request)
+    if data:
+        raise ApiError(400, "invalid_field", f"unknown fields: {', '.join(sorted(data))}")
+    return _again(request, run_id)
+
+
+@api_view("POST")
+def run_resend(request: HttpRequest, run_id: str) -> HttpResponse:
+    """Edit an earlier message (SPEC §12): ``{"payload"}`` starts a new run of the thread from the
+    history this settled run started from. 201 with the new run."""
+    data = _body(request)
+    unknown = sorted(set(data) - {"payload"})
+    if unknown:
+        raise ApiError(400, "invalid_field", f"unknown fields: {', '.join(unknown)}")
+    if "payload" not in data:
+        raise ApiError(400, "invalid_field", "'payload' is required")
+    return _again(request, run_id, data["payload"], resend=True)
+
+
+@api_view("GET")
+def thread_detail(request: HttpRequest, thread: str) -> HttpResponse:
+    """A thread and its current branch (SPEC §12): ``branch`` holds the runs the thread goes on
+    from, oldest first (the latest ``THREAD_RUNS`` of them), ``replaced`` the ids of its other runs,
+    which stay readable. ``?scope=`` names another scope than the caller's (``web.threads``)."""
+    user = _require_user(request)
+    found = threads.find(user, thread, request.GET.get("scope"))
+    if found is None or not policy().can_view_thread(user, found):
+        raise ApiError(404, "not_found", f"no thread {thread}")
+    nodes = store.thread_nodes(found.name, found.scope)
+    branch = current_branch(nodes)
+    shown = branch[-THREAD_RUNS:]
+    runs = {r.pk: r for r in Run.objects.filter(pk__in=shown)}
+    on_branch = set(branch)
+    return JsonResponse(
+        {
+            "thread": found.name,
+            "scope": found.scope,
+            "owner": found.owner_id,
+            "branch": [branch_run_json(runs[i]) for i in shown if i in runs],
+            "branch_page": {"total": len(branch), "earlier": len(branch) > len(shown)},
+            "replaced": [n.id for n in nodes if n.id not in on_branch][-THREAD_RUNS:],
+        }
+    )

@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 import time
 from datetime import timedelta
+from typing import Literal
 
 import pydantic
 
-from chamvi_runs import Agent, Budget, effect_tool, tool
+from chamvi_runs import Agent, Approval, Budget, effect_tool, human_tool, tool
 
 from .models import Refund
 
@@ -88,6 +89,24 @@ factory = Agent(
     tools=lambda ctx: [add] if ctx.run.trigger["keys"].get("math") else [whoami],
 )
 faulty = _agent("faulty", tools=[add, refund])
+
+
+class Shipping(pydantic.BaseModel):
+    speed: Literal["standard", "express"]
+    gift: bool = False
+
+
+ask_user = human_tool("ask_user", "Ask the user a question.", answer_schema=str)
+confirm = human_tool("confirm", "Ask the user to confirm, yes or no.", answer_schema=bool)
+choose_shipping = human_tool("choose_shipping", "Ask how to ship.", answer_schema=Shipping, ttl=600)
+browser_locale = human_tool("browser_locale", "The user's locale, from their browser.", client=True)
+QUESTIONS = [ask_user, confirm, choose_shipping, browser_locale]
+
+# Questions (SPEC §12): the model asks its user; refunds still need approval, and may be edited.
+asking = _agent("asking", tools=[*QUESTIONS, *TOOLS], approvals={"refund": True})
+asking_two = _agent("asking_two", tools=[*QUESTIONS, *TOOLS], approvals={"refund": True})
+confirming = _agent("confirming", tools=[confirm, add])
+editing_locked = _agent("editing_locked", tools=TOOLS, approvals={"refund": Approval(editable=False)})
 poison = _agent("poison", tools=[crash_worker, add])
 poison_limited = _agent("poison_limited", tools=[crash_worker, add], budget=Budget(max_steps=2))
 
