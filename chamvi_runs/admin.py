@@ -15,8 +15,10 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.db import models
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.views.decorators.debug import sensitive_variables
 
@@ -24,11 +26,12 @@ from . import api
 from .models import ApiToken, Checkpoint, Run, Step, StuckRun, WaitPoint
 from .runtime.janitor import Requeued, requeue
 from .store.queries import Stuck, stuck_runs
-from .streaming.serializers import pretty_json
+from .streaming.serializers import pretty_json, question
 from .web.admin_lists import AgentFilter, LatestRows, StepColumns, Storable, run_link, second, short
 from .web.approvals import decide
 from .web.auth import create_token
 from .web.errors import ApiError
+from .web.views_pages import answer_text, argument_changes
 
 
 class ReadOnly:
@@ -45,6 +48,9 @@ class ReadOnly:
         return False
 
 
+# A run's place in its thread on its admin page, and how many of the runs replacing it are linked.
+LINEAGE_FIELDS = ("replaces_run", "replaced_by_runs", "forked_from_run")
+LINEAGE_LINKS = 20
 STEP_FIELDS = ("index", "kind", "name", "content", "attempt", "started", "took")
 STEP_PAGE_FIELDS: tuple[str, ...] = (
     "run_link",
@@ -57,7 +63,48 @@ STEP_PAGE_FIELDS: tuple[str, ...] = (
     "took",
 )
 STEP_PAGE_FIELDS += ("input_json", "output_json", "error")
-WAITPOINT_FIELDS = ("approval_id", "tool_name", "arguments", "expires", "decision", "decided_by", "decided")
+WAITPOINT_FIELDS: tuple[str, ...] = ("approval_id", "kind", "tool_name", "question_text", "arguments")
+WAITPOINT_FIELDS += ("what_changed", "answer_shown")
+WAITPOINT_FIELDS += ("expires", "decision", "decided_by", "decided")
+
+
+class WaitPointColumns:
+    """What a wait point asked and what became of it, in a run's inline and on its own page: a
+    question's text and answer, an approval's arguments as an approver changed them."""
+
+    @admin.display(description="question")
+    def question_text(self, waitpoint: WaitPoint) -> str:
+        return question(waitpoint) or "-"
+
+    @admin.display(description="answer")
+    def answer_shown(self, waitpoint: WaitPoint) -> str:
+        if waitpoint.decision != WaitPoint.Decision.ANSWERED:
+            return "-"
+        return short(answer_text(waitpoint.answer))
+
+    @admin.display(description="what changed")
+    def what_changed(self, waitpoint: WaitPoint) -> str:
+        """The approved arguments against the model's proposal, key by key: "amount_cents 4599 → 2000"."""
+        changes = argument_changes(waitpoint.input, waitpoint.approved_input)
+        if not changes:
+            return "-"
+        return short("; ".join(f"{c['key']} {c['before']} → {c['after']}".strip() for c in changes))
+
+
+def _refused_questions(
+    modeladmin: admin.ModelAdmin[Any], request: HttpRequest, waitpoints: QuerySet[WaitPoint]
+) -> QuerySet[WaitPoint]:
+    """The approvals among ``waitpoints``; each question among them is said and left alone: the run's
+    user answers it, nobody approves it."""
+    questions = waitpoints.filter(kind=WaitPoint.Kind.INPUT)
+    for approval_id, tool_name in questions.values_list("approval_id", "tool_name"):
+        modeladmin.message_user(
+            request,
+            f"Left open: {approval_id} is a question ({tool_name}), not an approval; the run's user "
+            "answers it on the run's page.",
+            messages.WARNING,
+        )
+    return waitpoints.filter(kind=WaitPoint.Kind.APPROVAL)
 
 
 class StepInline(StepColumns, ReadOnly, admin.TabularInline):
@@ -71,7 +118,7 @@ class StepInline(StepColumns, ReadOnly, admin.TabularInline):
     show_change_link = True
 
 
-class WaitPointInline(ReadOnly, admin.TabularInline):
+class WaitPointInline(WaitPointColumns, ReadOnly, admin.TabularInline):
     model = WaitPoint
     formset = LatestRows
     template = "chamvi_runs/admin/latest_rows.html"
@@ -103,7 +150,8 @@ def _decide(
     modeladmin: admin.ModelAdmin[Any], request: HttpRequest, waitpoints: QuerySet[WaitPoint], approve: bool
 ) -> None:
     decided = 0
-    for approval_id in waitpoints.values_list("approval_id", flat=True):
+    approvals = _refused_questions(modeladmin, request, waitpoints)
+    for approval_id in approvals.values_list("approval_id", flat=True):
         try:
             decide(request.user, approval_id, approve, reason="from the admin", may_decide=_may_approve)
             decided += 1
@@ -135,6 +183,38 @@ class RunAdmin(Storable, ReadOnly, admin.ModelAdmin):
     search_fields = ["id", "thread", "concurrency_key", "trigger_id"]
     inlines = [StepInline, WaitPointInline]
     actions = ["cancel_runs", "approve_open", "deny_open"]
+    # Where the run stands in its thread (SPEC §12), as links to the runs, after its thread.
+    exclude = ("base", "base_step", "replaces")
+    readonly_fields = LINEAGE_FIELDS
+
+    def get_fields(self, request: HttpRequest, obj: Run | None = None) -> list[Any]:
+        fields: list[Any] = [f for f in super().get_fields(request, obj) if f not in LINEAGE_FIELDS]
+        at = fields.index("thread") + 1 if "thread" in fields else len(fields)
+        return [*fields[:at], *LINEAGE_FIELDS, *fields[at:]]
+
+    @admin.display(description="replaces")
+    def replaces_run(self, run: Run) -> SafeString | str:
+        """The run this one regenerates or resends (its message edited)."""
+        return run_link(run.replaces_id) if run.replaces_id else "-"
+
+    @admin.display(description="replaced by")
+    def replaced_by_runs(self, run: Run) -> SafeString | str:
+        """The runs that regenerate or resend this one, newest first."""
+        newer = Run.objects.filter(replaces_id=run.pk).order_by("-created_at", "-id")
+        ids = list(newer.values_list("pk", flat=True)[: LINEAGE_LINKS + 1])
+        if not ids:
+            return "-"
+        links = format_html_join(", ", "{}", ((run_link(pk),) for pk in ids[:LINEAGE_LINKS]))
+        return format_html("{}{}", links, ", …" if len(ids) > LINEAGE_LINKS else "")
+
+    @admin.display(description="forked from")
+    def forked_from_run(self, run: Run) -> SafeString | str:
+        """The run and step a fork (``from_step``) started from; a regenerate's base is the run it
+        replaces, said above."""
+        if not run.base_id or run.replaces_id:
+            return "-"
+        step = "its start" if run.base_step is None or run.base_step < 0 else f"step {run.base_step}"
+        return format_html("{} at {}", run_link(run.base_id), step)
 
     def view_on_site(self, obj: Run) -> str:
         """The run's chat page: its conversation, decisions and live events."""
@@ -253,11 +333,12 @@ class StuckRunAdmin(Storable, ReadOnly, admin.ModelAdmin):
 
 
 @admin.register(WaitPoint)
-class WaitPointAdmin(Storable, ReadOnly, admin.ModelAdmin):
+class WaitPointAdmin(WaitPointColumns, Storable, ReadOnly, admin.ModelAdmin):
     # The run's id: the run itself would join each row with the run's trigger.
     list_display = [
         "approval_id",
         "run_id_link",
+        "kind",
         "tool_name",
         "decision",
         "expires_at",
@@ -265,12 +346,21 @@ class WaitPointAdmin(Storable, ReadOnly, admin.ModelAdmin):
         "created_at",
     ]
     # Tool names are searched: a filter of them reads every wait point for its distinct values.
-    list_filter = ["decision"]
+    list_filter = ["kind", "decision"]
     search_fields = ["approval_id", "tool_name"]
-    list_defer = ("input", "reason")
+    list_defer = ("input", "reason", "approved_input", "answer", "answer_schema")
     show_full_result_count = False
     actions = ["approve", "deny"]
     exclude = ["token_hash"]
+    readonly_fields = ["question_text", "what_changed"]
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        """The model's fields, with a question's text after the tool's name and what an approver
+        changed after the approved arguments."""
+        fields = [f for f in super().get_fields(request, obj) if f not in self.readonly_fields]
+        for field, after in (("question_text", "tool_name"), ("what_changed", "approved_input")):
+            fields.insert(fields.index(after) + 1 if after in fields else len(fields), field)
+        return fields
 
     @admin.display(description="run", ordering="run_id")
     def run_id_link(self, waitpoint: WaitPoint) -> SafeString:
@@ -282,11 +372,11 @@ class WaitPointAdmin(Storable, ReadOnly, admin.ModelAdmin):
     def has_approve_permission(self, request: HttpRequest) -> bool:
         return _may_approve(request.user)
 
-    @admin.action(description="Approve selected", permissions=["approve"])
+    @admin.action(description="Approve selected (not questions)", permissions=["approve"])
     def approve(self, request: HttpRequest, queryset: QuerySet[WaitPoint]) -> None:
         _decide(self, request, queryset, True)
 
-    @admin.action(description="Deny selected", permissions=["approve"])
+    @admin.action(description="Deny selected (not questions)", permissions=["approve"])
     def deny(self, request: HttpRequest, queryset: QuerySet[WaitPoint]) -> None:
         _decide(self, request, queryset, False)
 
@@ -294,8 +384,8 @@ class WaitPointAdmin(Storable, ReadOnly, admin.ModelAdmin):
 @admin.register(Checkpoint)
 class CheckpointAdmin(Storable, ReadOnly, admin.ModelAdmin):
     list_display = ["run_id_link", "step_index", "finish_reason", "created_at"]
-    # A checkpoint's messages are its run's whole history.
-    list_defer = ("messages",)
+    # A checkpoint's JSON is history (a thread's, a run's whole one): none of it is listed.
+    list_defer = tuple(f.name for f in Checkpoint._meta.concrete_fields if isinstance(f, models.JSONField))
     show_full_result_count = False
 
     @admin.display(description="run", ordering="run_id")

@@ -14,6 +14,8 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from chamvi_runs import answer as api_answer
+from chamvi_runs import approve as api_approve
 from chamvi_runs import start_run
 from chamvi_runs.models import ApiToken, Checkpoint, EffectRecord, Run, RunInput, Step, Thread, WaitPoint
 from chamvi_runs.store import hash_token
@@ -254,3 +256,126 @@ def test_the_lists_read_only_the_columns_they_show_and_no_distinct_values(server
     assert run.pk in content and 'href="?agent=approving"' in content, (
         "the agent filter lists registered agents"
     )
+
+
+# --- questions and edited approvals (issue 19) ------------------------------------------------------
+
+
+def _asked(server, owner=None) -> WaitPoint:
+    server.script(
+        "m-asking",
+        [Reply(tool_call("c1", "ask_user", '{"question": "Which colour?"}'), finish("tool_calls"))],
+    )
+    run = execute(start_run("asking", "x", created_by=owner))
+    assert run.status == "waiting"
+    return WaitPoint.objects.get(run=run)
+
+
+def _field(content: str, name: str) -> str:
+    """The text of a read-only field on an object's admin page."""
+    found = re.search(
+        rf'<div class="[^"]*\bfield-{name}\b(?!_)[^"]*">.*?<div class="readonly">(.*?)</div>', content, re.S
+    )
+    assert found, (name, content[:3000])
+    return html.unescape(found.group(1)).strip()
+
+
+def test_a_question_shows_its_kind_text_and_answer_in_the_admin(server):
+    owner = make_user("owner")
+    question = _asked(server, owner)
+    client = logged_in(make_superuser())
+    listing = client.get("/admin/chamvi_runs/waitpoint/").content.decode()
+    assert re.search(r'<td class="field-kind">\s*Input\s*</td>', listing), listing
+    assert "?kind__exact=input" in listing, "a filter by kind"
+    content = client.get(admin_url(question)).content.decode()
+    assert _field(content, "kind") == "Input"
+    assert _field(content, "question_text") == "Which colour?"
+    assert _field(content, "answer") == "-"
+
+    api_answer(question.approval_id, "navy", by=owner)
+    content = client.get(admin_url(question)).content.decode()
+    assert _field(content, "answer") == '"navy"'
+    assert _field(content, "decision") == "Answered"
+    # The run's inline shows the same, on one line.
+    inline = client.get(admin_url(question.run)).content.decode()
+    [row] = re.findall(r'<tr class="form-row has_original"\s+id="waitpoints-\d+">(.*?)</tr>', inline, re.S)
+    assert cell(row, "kind") == "Input"
+    assert cell(row, "question_text") == "Which colour?"
+    assert cell(row, "answer_shown") == "navy"
+
+
+def test_an_edited_approval_shows_both_arguments_and_what_changed_in_the_admin(server):
+    run = _waiting(server)
+    waitpoint = WaitPoint.objects.get(run=run)
+    approver = make_superuser()
+    api_approve(waitpoint.approval_id, by=approver, arguments={"order_id": "o", "amount_cents": 2})
+    client = logged_in(approver)
+    content = client.get(admin_url(waitpoint)).content.decode()
+    assert json.loads(_field(content, "input")) == {"order_id": "o", "amount_cents": 5}
+    assert json.loads(_field(content, "approved_input")) == {"order_id": "o", "amount_cents": 2}
+    assert _field(content, "what_changed") == "amount_cents 5 → 2"
+    # In the page's order: the proposal, what was approved, what changed.
+    assert (
+        content.index("field-input")
+        < content.index("field-approved_input")
+        < content.index("field-what_changed")
+    )
+    inline = client.get(admin_url(run)).content.decode()
+    [row] = re.findall(r'<tr class="form-row has_original"\s+id="waitpoints-\d+">(.*?)</tr>', inline, re.S)
+    assert html.unescape(cell(row, "what_changed")) == "amount_cents 5 → 2"
+    assert cell(row, "kind") == "Approval"
+
+
+def test_the_approve_actions_refuse_to_approve_a_question(server):
+    owner = make_user("owner")
+    question = _asked(server, owner)
+    approver = _staff("view_waitpoint", "view_run", "approve_waitpoint", username="approver")
+    for action in ("approve", "deny"):
+        response = approver.post(
+            "/admin/chamvi_runs/waitpoint/",
+            {"action": action, "_selected_action": [question.pk]},
+            follow=True,
+        )
+        said = html.unescape(response.content.decode())
+        assert f"{question.approval_id} is a question (ask_user), not an approval" in said, action
+        assert WaitPoint.objects.get(pk=question.pk).decision is None
+    response = approver.post(
+        "/admin/chamvi_runs/run/",
+        {"action": "approve_open", "_selected_action": [question.run_id]},
+        follow=True,
+    )
+    assert "is a question (ask_user)" in html.unescape(response.content.decode())
+    assert WaitPoint.objects.get(pk=question.pk).decision is None
+    assert Run.objects.get(pk=question.run_id).status == "waiting"
+
+
+def test_a_runs_admin_page_links_the_runs_it_replaces_was_replaced_by_and_was_forked_from(server):
+    from chamvi_runs import regenerate, resend
+
+    root = make_superuser()
+    server.script("m-basic", [Reply(text("Hello."), finish("stop"))])
+    first = execute(start_run("basic", "hi", created_by=root, thread="t-admin"))
+    again = regenerate(first.pk, by=root)
+    edited = resend(first.pk, "hello", by=root)
+    fork = start_run("basic", "and?", created_by=root, thread="t-admin", from_step=(first.pk, 0))
+    client = logged_in(root)
+
+    def link(run: Run) -> str:
+        return f'<a href="{admin_url(run)}">{run.pk}</a>'
+
+    content = client.get(admin_url(first)).content.decode()
+    assert _field(content, "replaces_run") == "-"
+    # Newest first.
+    assert _field(content, "replaced_by_runs") == f"{link(edited)}, {link(again)}"
+    assert _field(content, "forked_from_run") == "-"
+    content = client.get(admin_url(again)).content.decode()
+    assert _field(content, "replaces_run") == link(first)
+    assert _field(content, "replaced_by_runs") == "-"
+    # A regenerate's history starts where its replaced run's did: that is no fork.
+    assert _field(content, "forked_from_run") == "-"
+    content = client.get(admin_url(fork)).content.decode()
+    assert _field(content, "forked_from_run") == f"{link(first)} at step 0"
+    assert _field(content, "replaces_run") == "-"
+    # Read-only, next to the thread, and no raw columns of them.
+    assert content.index("field-thread") < content.index("field-replaces_run") < content.index("field-output")
+    assert 'name="replaces"' not in content and "field-base_step" not in content

@@ -5,6 +5,7 @@ conversation, decisions with who, when and why, a cancel that closes an approval
 from __future__ import annotations
 
 import html
+import json
 import re
 from datetime import timedelta
 from typing import Any
@@ -17,7 +18,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import include, path
 from django.utils import timezone
 
-from chamvi_runs import approve, cancel_run, deny, send_input, start_run
+from chamvi_runs import answer, approve, cancel_run, deny, regenerate, resend, send_input, start_run
 from chamvi_runs.models import Run, WaitPoint
 from chamvi_runs.policy import DefaultPolicy
 from chamvi_runs.streaming.replay import events_from_steps
@@ -83,7 +84,11 @@ def test_a_decided_run_shows_who_decided_when_and_why_and_no_approval_buttons(se
     assert body["decisions"] == [
         {
             "approval_id": waitpoint.approval_id,
+            "kind": "approval",
             "tool_name": "refund",
+            "input": {"order_id": "o-1", "amount_cents": 500},
+            "approved_input": None,
+            "answer": None,
             "decision": "approved",
             "decided_by": "approver",
             "decided_at": decided_at.isoformat(),
@@ -285,7 +290,11 @@ def test_the_run_resumes_after_a_decision_with_who_made_it(server, decision):
     decided_at = WaitPoint.objects.get(pk=waitpoint.pk).decided_at.isoformat()
     expected = {
         "approval_id": waitpoint.approval_id,
+        "kind": "approval",
         "tool_name": "refund",
+        "input": {"order_id": "o-1", "amount_cents": 500},
+        "approved_input": None,
+        "answer": None,
         "decision": decision,
         "decided_by": "approver",
         "decided_at": decided_at,
@@ -471,3 +480,286 @@ def test_a_thread_page_marks_an_answer_that_stopped_before_its_end(server, setti
     assert len(steps) == 2 and 'class="cut"' not in steps[0], "a complete answer has no mark"
     assert steps[1].endswith(f'<div class="cut">{html.escape(mark, quote=True)}')
     assert "The answer is forty" in steps[1]
+
+
+# --- questions and edited approvals (issue 19) ------------------------------------------------------
+
+
+def asking_run(server: Any, owner: Any, *calls: tuple[str, str], agent: str = "asking") -> tuple[Run, list]:
+    """A run of ``agent`` whose model asks, in one model call, each (tool, question) of ``calls``."""
+    replies = [tool_call(f"c{i}", tool, json.dumps({"question": q})) for i, (tool, q) in enumerate(calls)]
+    server.script(f"m-{agent}", [Reply(*replies, finish("tool_calls"))])
+    run = execute(start_run(agent, "help me", created_by=owner, thread="ask-1"))
+    assert run.status == "waiting"
+    return run, list(WaitPoint.objects.filter(run=run).order_by("call_position"))
+
+
+def test_an_open_question_shows_its_text_and_a_form_to_the_runs_user_only(server):
+    owner = make_user("owner")
+    approver = make_user("approver", "view_run", "approve_waitpoint")
+    run, [question] = asking_run(server, owner, ("ask_user", "Which colour, " + EVIL + "?"))
+    assert question.kind == "input"
+    content = run_page(owner, run)
+    waiting = content.split('id="waiting"')[1].split('id="notice"')[0]
+    assert f'data-approval-id="{question.approval_id}"' in waiting and 'data-kind="input"' in waiting
+    assert "Which colour, " + html.escape(EVIL) + "?" in waiting and "<script>alert" not in content
+    assert 'class="answer-form" data-form="text"' in waiting and 'name="answer"' in waiting
+    assert 'data-action="approve"' not in waiting, "a question is answered, not approved"
+    assert '"can_answer": true' in content
+    # An approver is not the run's user: the question shows, its form does not.
+    for_approver = run_page(approver, run)
+    assert "Which colour" in for_approver and 'class="answer-form"' not in for_approver
+    assert "The run's user must answer it." in for_approver
+    # Questions are not approvals: the approvals page leaves them out.
+    approvals = page(approver, "/chamvi/approvals/")
+    assert question.approval_id not in approvals and 'id="empty"' in approvals
+    # The thread page shows it with its form too.
+    thread = page(owner, "/chamvi/threads/ask-1/")
+    assert f'data-approval-id="{question.approval_id}"' in thread and 'class="answer-form"' in thread
+    assert 'data-can-answer="true"' in thread
+    assert 'data-can-answer="false"' in page(
+        make_user("viewer", "view_run"), "/chamvi/threads/ask-1/?scope=" + run.scope
+    )
+
+
+def test_the_answer_form_follows_the_questions_answer_schema(server):
+    owner = make_user("owner")
+    run, waits = asking_run(
+        server,
+        owner,
+        ("confirm", "Refund it?"),
+        ("choose_shipping", "How should we ship?"),
+        ("ask_user", "Anything else?"),
+        agent="asking_two",
+    )
+    assert [w.kind for w in waits] == ["input"] * 3
+    waiting = run_page(owner, run).split('id="waiting"')[1].split('id="notice"')[0]
+    forms = re.findall(r'<form class="answer-form" data-form="(\w+)">(.*?)</form>', waiting, re.S)
+    assert [kind for kind, _ in forms] == ["boolean", "json", "text"], "one form per open question, in order"
+    boolean, json_form, text_form = (body for _, body in forms)
+    assert 'value="true">Yes</button>' in boolean and 'value="false">No</button>' in boolean
+    assert "<textarea" in json_form and "as JSON" in json_form
+    assert '<input type="text" name="answer"' in text_form
+    for question in ("Refund it?", "How should we ship?", "Anything else?"):
+        assert question in waiting
+
+
+def test_a_choice_is_asked_with_its_choices():
+    from chamvi_runs.web.views_pages import answer_form
+
+    form = answer_form({"enum": ["standard", "express", 2], "type": "string"})
+    assert form == {
+        "kind": "choice",
+        "choices": [
+            {"value": '"standard"', "label": "standard"},
+            {"value": '"express"', "label": "express"},
+            {"value": "2", "label": "2"},
+        ],
+    }
+    assert answer_form(None) == {"kind": "json"}
+    assert answer_form({"type": "integer"}) == {"kind": "json"}
+
+
+def test_an_answered_question_is_listed_with_its_answer_and_who_gave_it(server):
+    owner = make_user("owner")
+    run, [question] = asking_run(server, owner, ("ask_user", "Which colour?"))
+    answer(question.approval_id, "deep blue", by=owner)
+    server.script("m-asking", [Reply(text("Blue it is."), finish("stop"))])
+    run = execute(run)
+    assert run.status == "completed"
+    content = run_page(owner, run)
+    assert element(content, "waiting").strip() == ""
+    decisions = content.split('id="decisions"')[1].split("</ul>")[0]
+    assert re.search(
+        r"<strong>answered</strong>: <span class=\"answer\">deep blue</span> \(ask_user\) by owner", decisions
+    ), decisions
+
+
+def test_an_edited_approval_lists_what_the_approver_changed(server):
+    from tests.testapp.models import Refund
+
+    approver = make_user("approver", "view_run", "approve_waitpoint")
+    run, waitpoint = waiting_run(server, approver)
+    assert 'class="edit-arguments"' in element(run_page(approver, run), "waiting")
+    approve(waitpoint.approval_id, by=approver, arguments={"order_id": "o-1", "amount_cents": 200})
+    server.script("m-approving", [Reply(text("Refunded 2.00."), finish("stop"))])
+    run = execute(run)
+    assert run.status == "completed"
+    assert list(Refund.objects.values_list("order_id", "amount_cents")) == [("o-1", 200)]
+    decisions = run_page(approver, run).split('id="decisions"')[1].split("</ul></div>")[0]
+    changes = re.findall(r'<li class="change">(.*?)</li>', decisions)
+    assert changes == [
+        '<code>amount_cents</code> <span class="before">500</span> &rarr; <span class="after">200</span>'
+    ], decisions
+    assert "changed before approving" in decisions
+
+
+def test_the_approvals_page_approves_edited_arguments(server):
+    from tests.testapp.models import Refund
+
+    approver = make_user("approver", "view_run", "approve_waitpoint")
+    client = logged_in(approver)
+    run, waitpoint = waiting_run(server, approver)
+    content = page(approver, "/chamvi/approvals/")
+    assert '<textarea name="arguments"' in content and "Edit arguments" in content
+    post = {"approval_id": waitpoint.approval_id, "action": "approve", "reason": ""}
+
+    for bad, said in (
+        ("{not json", "The arguments are not JSON"),
+        ("[1, 2]", "must be a JSON object"),
+        ('{"order_id": "o-1", "amount_cents": "lots"}', "amount_cents"),
+    ):
+        shown = client.post("/chamvi/approvals/", {**post, "arguments": bad}, follow=True).content.decode()
+        assert said in shown, (bad, shown)
+        assert WaitPoint.objects.get(pk=waitpoint.pk).decision is None, "nothing decided"
+
+    edited = '{"order_id": "o-1", "amount_cents": 250}'
+    shown = client.post("/chamvi/approvals/", {**post, "arguments": edited}, follow=True).content.decode()
+    assert "with your changes" in shown
+    stored = WaitPoint.objects.get(pk=waitpoint.pk)
+    assert (stored.decision, stored.approved_input) == ("approved", {"order_id": "o-1", "amount_cents": 250})
+    server.script("m-approving", [Reply(text("Done."), finish("stop"))])
+    assert execute(run).status == "completed"
+    assert list(Refund.objects.values_list("amount_cents", flat=True)) == [250]
+
+
+def test_approving_the_arguments_as_proposed_is_a_plain_approval(server):
+    approver = make_user("approver", "view_run", "approve_waitpoint")
+    _, waitpoint = waiting_run(server, approver)
+    # The textarea as the page drew it, reformatted: the same arguments.
+    same = '{"amount_cents": 500,\n "order_id": "o-1"}'
+    post = {"approval_id": waitpoint.approval_id, "action": "approve", "arguments": same}
+    shown = logged_in(approver).post("/chamvi/approvals/", post, follow=True).content.decode()
+    assert "Approved refund for run" in shown and "with your changes" not in shown
+    stored = WaitPoint.objects.get(pk=waitpoint.pk)
+    assert (stored.decision, stored.approved_input) == ("approved", None)
+
+
+def test_an_approval_that_may_not_be_edited_has_no_editor(server):
+    approver = make_user("approver", "view_run", "approve_waitpoint")
+    call = tool_call("c1", "refund", REFUND)
+    server.script("m-editing_locked", [Reply(call, finish("tool_calls"))])
+    run = execute(start_run("editing_locked", "refund please", created_by=approver))
+    waitpoint = WaitPoint.objects.get(run=run)
+    assert not waitpoint.editable
+    assert 'class="edit-arguments"' not in run_page(approver, run)
+    assert 'name="arguments"' not in page(approver, "/chamvi/approvals/")
+    post = {
+        "approval_id": waitpoint.approval_id,
+        "action": "approve",
+        "arguments": REFUND.replace("500", "1"),
+    }
+    shown = logged_in(approver).post("/chamvi/approvals/", post, follow=True).content.decode()
+    assert "cannot be changed" in shown
+    assert WaitPoint.objects.get(pk=waitpoint.pk).decision is None
+
+
+# --- branches: regenerate, edit and resend, forks (SPEC §12) ----------------------------------------
+
+
+def answered(server: Any, agent: str, payload: Any, reply: str, owner: Any, thread: str) -> Run:
+    server.script(f"m-{agent}", [Reply(text(reply), finish("stop"))])
+    run = execute(start_run(agent, payload, created_by=owner, thread=thread))
+    assert run.status == "completed", (run.error_code, run.error_message)
+    return run
+
+
+def again(server: Any, new: Run, reply: str) -> Run:
+    server.script(f"m-{new.agent}", [Reply(text(reply), finish("stop"))])
+    run = execute(new)
+    assert run.status == "completed", (run.error_code, run.error_message)
+    return run
+
+
+def sections(content: str) -> list[str]:
+    return re.findall(r'class="thread-run" data-run-id="([^"]+)"', content)
+
+
+def thread_section(content: str, run: Run) -> str:
+    return content.split(f'data-run-id="{run.pk}"', 1)[1].split("</section>", 1)[0]
+
+
+def test_a_thread_page_shows_its_current_branch_and_links_the_runs_left_behind(server):
+    owner = make_user("owner", "add_run")
+    reader = make_user("reader", "view_run")
+    first = answered(server, "basic", "I am Ada", "Hello Ada.", owner, "t-branch")
+    second = answered(server, "basic", "Who am I?", "You are Bob.", owner, "t-branch")
+    third = answered(server, "basic", "Really?", "Yes, Bob.", owner, "t-branch")
+    regenerated = again(server, regenerate(second.pk, by=owner), "You are Ada.")
+
+    content = page(owner, "/chamvi/threads/t-branch/")
+    assert sections(content) == [first.pk, regenerated.pk]
+    assert "You are Bob." not in content and "Yes, Bob." not in content and "You are Ada." in content
+    # The new run says what it replaced; the runs left behind are links, the replaced one to its successor.
+    shown = thread_section(content, regenerated)
+    assert f'Regenerated from <a class="lineage-link" href="/chamvi/runs/{second.pk}/">' in shown
+    left = element(content, "replaced-runs")
+    assert re.findall(r'<li data-run-id="([^"]+)"', left) == [second.pk, third.pk]
+    assert f'href="/chamvi/runs/{second.pk}/"' in left and f'href="/chamvi/runs/{third.pk}/"' in left
+    assert f'replaced by <a class="replaced-by" href="/chamvi/runs/{regenerated.pk}/"' in left
+    assert element(content, "replaced-count") == "2"
+    # Who may start the agent and steer the run gets Edit and Regenerate, enabled: nothing is active.
+    assert shown.count('data-action="edit"') == 1 and shown.count('data-action="regenerate"') == 1
+    assert "disabled" not in shown
+    assert 'data-payload="&quot;Who am I?&quot;"' in shown
+    content = page(reader, "/chamvi/threads/t-branch/")
+    assert sections(content) == [first.pk, regenerated.pk]
+    assert 'data-action="edit"' not in content and 'data-action="regenerate"' not in content
+
+    # An edited first message: the thread starts over from it, every earlier run is left behind.
+    edited = again(server, resend(first.pk, {"message": "I am Cy"}, by=owner), "Hello Cy.")
+    content = page(owner, "/chamvi/threads/t-branch/")
+    assert sections(content) == [edited.pk]
+    assert f'Edited from <a class="lineage-link" href="/chamvi/runs/{first.pk}/">' in content
+    left = element(content, "replaced-runs")
+    assert re.findall(r'<li data-run-id="([^"]+)"', left) == [first.pk, second.pk, third.pk, regenerated.pk]
+    assert "Hello Ada." not in element(content, "thread-runs")
+
+
+def test_edit_and_regenerate_are_disabled_while_a_run_of_the_thread_is_active(server):
+    owner = make_user("owner", "add_run")
+    answered(server, "basic", "one", "One.", owner, "t-busy")
+    start_run("basic", "two", created_by=owner, thread="t-busy")  # queued, never executed here
+    content = page(owner, "/chamvi/threads/t-busy/")
+    buttons = re.findall(r"<button[^>]*data-action=\"(?:edit|regenerate)\"[^>]*>", content)
+    assert len(buttons) == 4 and all("disabled" in b for b in buttons), buttons
+
+
+def test_a_run_page_says_what_replaced_it_what_it_replaced_and_where_it_was_forked(server):
+    owner = make_user("owner", "add_run")
+    first = answered(server, "basic", "I am Ada", "Hello Ada.", owner, "t-lineage")
+    second = answered(server, "basic", "Who am I?", "You are Bob.", owner, "t-lineage")
+    third = answered(server, "basic", "Really?", "Yes, Bob.", owner, "t-lineage")
+    regenerated = again(server, regenerate(second.pk, by=owner), "You are Ada.")
+
+    content = run_page(owner, second)
+    notice = element(content, "lineage")
+    assert f'Replaced by <a id="replaced-by" href="/chamvi/runs/{regenerated.pk}/">' in notice
+    # Left behind without being replaced itself: it says so, and its thread's history is its own.
+    content = run_page(owner, third)
+    assert "Replaced: an earlier run of the thread was regenerated or edited" in element(content, "lineage")
+    history = content.split('id="thread-history"')[1].split("<h1>")[0]
+    assert re.findall(r'data-run-id="([^"]+)"', history) == [first.pk, second.pk]
+    # The new run goes on from the first only, and has no buttons of the thread page.
+    content = run_page(owner, regenerated)
+    assert f'Regenerated from <a class="lineage-link" href="/chamvi/runs/{second.pk}/">' in element(
+        content, "lineage"
+    )
+    history = content.split('id="thread-history"')[1].split("<h1>")[0]
+    assert re.findall(r'data-run-id="([^"]+)"', history) == [first.pk]
+    assert 'data-action="regenerate"' not in history and 'data-action="edit"' not in history
+    assert "Replaced by" not in content
+
+    edited = again(server, resend(regenerated.pk, "Who am I, really?", by=owner), "Ada.")
+    assert "Edited from" in element(run_page(owner, edited), "lineage")
+    server.script("m-basic", [Reply(text("Forked."), finish("stop"))])
+    fork = execute(
+        start_run("basic", "And now?", created_by=owner, thread="t-lineage", from_step=(first.pk, 0))
+    )
+    notice = element(run_page(owner, fork), "lineage")
+    assert (
+        f'Forked from <a class="lineage-link" href="/chamvi/runs/{first.pk}/">{first.pk}</a> at step 0'
+        in notice
+    )
+    # A run of a thread nothing replaced says nothing of it.
+    assert 'id="lineage"' not in run_page(owner, first)

@@ -15,7 +15,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.testing import WebsocketCommunicator
 
-from chamvi_runs import approve, cancel_run, send_input, start_run
+from chamvi_runs import approve, cancel_run, regenerate, send_input, start_run
 from chamvi_runs.models import Run, RunInput, WaitPoint
 from chamvi_runs.streaming import vocabulary
 from chamvi_runs.streaming.replay import events_from_steps, replay_after
@@ -27,7 +27,7 @@ WRITE = ".venv/bin/python -m chamvi_runs.streaming.vocabulary --write"
 REFUND = '{"order_id": "o-1", "amount_cents": 500}'
 ENVELOPE = frozenset({"type", "run_id", "seq"})
 # The named types of client.d.ts that events carry, checked as the JSON they are.
-OBJECTS = {"Usage", "RunError", "Decision"}
+OBJECTS = {"Usage", "RunError", "Decision", "ForkPoint"}
 
 
 def _matches(value: Any, ts: str) -> bool:
@@ -147,6 +147,17 @@ def test_the_events_of_real_runs_live_and_rebuilt_keep_to_the_vocabulary(server,
     assert tools.status == "completed"
     sources["tools and steering"] = events(tools)
 
+    # Answered again, and forked after its first step: run.start says where each stands.
+    server.script(
+        "m-basic",
+        [Reply(text("It is five."), finish("stop"), usage(9, 3)), Reply(text("Forked."), finish("stop"))],
+    )
+    again = execute(regenerate(tools.pk))
+    fork = execute(start_run("basic", "fork it", from_step=(tools.pk, 0)))
+    assert again.status == fork.status == "completed"
+    sources["regenerated run"] = events(again)
+    sources["forked run"] = events(fork)
+
     # Waits for approval; its buffer expires while it waits; approved, it resumes and completes.
     approved, waitpoint = waiting_run(server)
     expire_buffer(redis, approved)
@@ -203,6 +214,11 @@ def test_the_events_of_real_runs_live_and_rebuilt_keep_to_the_vocabulary(server,
     assert [d["decision"] for d in ends["cancelled"]["decisions"]] == ["cancelled"]
     marker = sources["waiting run rebuilt behind the buffer"][0]
     assert marker["type"] == "replay.truncated" and marker["status"] == "waiting"
+    starts = {label: next(e for e in stream if e["type"] == "run.start") for label, stream in sources.items()}
+    assert starts["regenerated run"]["replaces"] == tools.pk
+    assert starts["forked run"]["forked_from"] == {"run_id": tools.pk, "step": 0}
+    assert starts["tools and steering"]["replaced_by"] is None, "live, nothing has replaced a run yet"
+    assert starts["tools run, from its steps"]["replaced_by"] == again.pk
 
 
 # --- the sockets' replies -------------------------------------------------------------------------
@@ -258,8 +274,17 @@ def assert_error(reply: dict[str, Any], code: str) -> None:
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(60)
 def test_every_command_is_acked_with_the_vocabularys_fields_and_refusals_with_its_codes(server) -> None:
-    assert {c.type for c in vocabulary.COMMANDS} == {"input", "cancel", "approve", "deny"}
-    owner = make_user("owner", "chamvi_runs.approve_waitpoint")
+    assert {c.type for c in vocabulary.COMMANDS} == {
+        "input",
+        "cancel",
+        "approve",
+        "deny",
+        "answer",
+        "regenerate",
+        "resend",
+    }
+    # May start runs: a regenerate or a resend starts one.
+    owner = make_user("owner", "chamvi_runs.approve_waitpoint", "chamvi_runs.add_run")
     headers = headers_for(owner)
     streamed: list[dict[str, Any]] = []
     first, first_wait = waiting_run(server, owner)
@@ -272,7 +297,7 @@ def test_every_command_is_acked_with_the_vocabularys_fields_and_refusals_with_it
         streamed,
     )
     deny = {"type": "deny", "approval_id": second_wait.approval_id}
-    denied, again, steered, cancelled, late = async_to_sync(exchange)(
+    denied, again, steered, cancelled, late, regenerated, resent = async_to_sync(exchange)(
         run_path(second, after=0),
         headers,
         [
@@ -281,7 +306,23 @@ def test_every_command_is_acked_with_the_vocabularys_fields_and_refusals_with_it
             {"type": "input", "payload": "hurry"},
             {"type": "cancel"},
             {"type": "input", "payload": "x"},
+            {"type": "regenerate"},
+            {"type": "resend", "payload": "refund o-2"},
         ],
+        streamed,
+    )
+    # The approved run is queued again: not settled, so not regenerated.
+    (active,) = async_to_sync(exchange)(run_path(first, after=0), headers, [{"type": "regenerate"}], streamed)
+    server.script(
+        "m-asking",
+        [Reply(text("Asking."), tool_call("q1", "ask_user", '{"question": "Which?"}'), finish("tool_calls"))],
+    )
+    asking = execute(start_run("asking", "ask me", created_by=owner))
+    question = WaitPoint.objects.get(run=asking)
+    (answered,) = async_to_sync(exchange)(
+        run_path(asking, after=0),
+        headers,
+        [{"type": "answer", "approval_id": question.approval_id, "answer": "the blue one"}],
         streamed,
     )
     assert_ack(approved[0], "approve")
@@ -291,6 +332,12 @@ def test_every_command_is_acked_with_the_vocabularys_fields_and_refusals_with_it
     assert_ack(cancelled, "cancel")
     assert cancelled["status"] == "cancelled"
     assert_error(late, "run_settled")
+    assert_ack(regenerated, "regenerate")
+    assert_ack(resent, "resend")
+    assert regenerated["replaces"] == resent["replaces"] == second.pk
+    assert Run.objects.get(pk=resent["run_id"]).trigger["payload"] == "refund o-2"
+    assert_error(active, "run_active")
+    assert_ack(answered, "answer")
     # What the sockets replayed before their replies keeps to the vocabulary too.
     assert {e["type"] for e in streamed} >= {"run.start", "run.waiting"}
     assert_conform({"socket replay": streamed})

@@ -42,11 +42,33 @@ ATTEMPT = Field("attempt", "number")
 STATUS = Field("status", "RunStatus")
 
 EVENTS: tuple[Event, ...] = (
-    Event("run.start", "RunStartEvent", (STATUS,), "the first execution began"),
+    Event(
+        "run.start",
+        "RunStartEvent",
+        (
+            STATUS,
+            Field("replaces", "string | null", "the run this one regenerates or resends"),
+            Field(
+                "replaced_by",
+                "string | null",
+                "the newest run that regenerates or resends this one: null live, set in a rebuild",
+            ),
+            Field(
+                "forked_from",
+                "ForkPoint | null",
+                "`{run_id, step}`: a fork's start, after that step of that run; step -1: the history that "
+                "run started from",
+            ),
+        ),
+        "the first execution began",
+    ),
     Event(
         "run.resume",
         "RunResumeEvent",
-        (STATUS, Field("decision", "Decision", "after an approval decision or expiry", optional=True)),
+        (
+            STATUS,
+            Field("decision", "Decision", "after a decision, an answer or an expiry", optional=True),
+        ),
         "a later execution began (after a decision, a drain or a recovery)",
     ),
     Event(
@@ -101,11 +123,17 @@ EVENTS: tuple[Event, ...] = (
         "RunWaitingEvent",
         (
             Field("approval_id", "string"),
+            Field("kind", '"approval" | "input"', "`approval`, or `input`: a question"),
             Field("tool_name", "string"),
-            Field("input", "Json"),
+            Field("input", "Json", "the call's arguments"),
+            Field("question", "string | null", "a question's text"),
+            Field("answer_schema", "Json", "a question's JSON Schema of the answer; null: any JSON"),
+            Field("client", "boolean", "a question the page's code answers: a client tool"),
+            Field("editable", "boolean", "whether an approval may change the arguments"),
             Field("expires_at", "string | null"),
         ),
-        "the run waits for a decision",
+        "the run waits for a decision (an approval) or an answer (a question); one event per open wait "
+        "point, so a model call that asks two questions sends two",
     ),
     Event(
         "run.end",
@@ -116,7 +144,11 @@ EVENTS: tuple[Event, ...] = (
             Field("error", "RunError | null"),
             Field("usage", "Usage"),
             Field("inputs", "string[]", "the steering input ids it took"),
-            Field("decisions", "Decision[]", "every decided approval, oldest first, `cancelled` included"),
+            Field(
+                "decisions",
+                "Decision[]",
+                "every decided wait point, approvals and questions, oldest first, `cancelled` included",
+            ),
         ),
         "the run settled: the receipt",
     ),
@@ -142,24 +174,37 @@ class Command:
 APPROVAL = Field("approval_id", "string")
 REASON = Field("reason", "string", optional=True)
 RUN_ON_THREAD = Field("run_id", "string", "on a thread socket", optional=True)
+# An approval given with the arguments changed (only of a tool approved with editable=True).
+ARGUMENTS = Field("arguments", "{[key: string]: Json}", "edited", optional=True)
+# A regenerate or a resend names the run it started; a thread socket streams that run next.
+AGAIN = (Field("run_id", "string", "the new run"), Field("replaces", "string"))
 
 COMMANDS: tuple[Command, ...] = (
     Command(
         "input", "InputCommand", (Field("payload", "Json"), RUN_ON_THREAD), (Field("input_id", "string"),)
     ),
     Command("cancel", "CancelCommand", (RUN_ON_THREAD,), (Field("status", "RunStatus"),)),
-    Command("approve", "ApproveCommand", (APPROVAL, REASON), (APPROVAL,)),
+    Command("approve", "ApproveCommand", (APPROVAL, REASON, ARGUMENTS), (APPROVAL,)),
     Command("deny", "DenyCommand", (APPROVAL, REASON), (APPROVAL,)),
+    Command("answer", "AnswerCommand", (APPROVAL, Field("answer", "Json")), (APPROVAL,)),
+    Command("regenerate", "RegenerateCommand", (RUN_ON_THREAD,), AGAIN),
+    Command("resend", "ResendCommand", (Field("payload", "Json"), RUN_ON_THREAD), AGAIN),
 )
 
 ERROR_CODES: tuple[tuple[str, str], ...] = (
     (
         "invalid_message",
         "not JSON, not an object, nested deeper than 64 levels, binary frame, unknown `type`, no or a bad "
-        "`approval_id`, a NUL or lone surrogate in `reason`",
+        "`approval_id`, a NUL or lone surrogate in `reason`, an `answer` command without its `answer`, a "
+        "`resend` without its `payload`",
     ),
-    ("not_found", "no such run or approval on this socket, or one the user may not view"),
-    ("forbidden", "the user may view but not steer, cancel or decide"),
+    ("not_found", "no such run, approval or question on this socket, or one the user may not view"),
+    (
+        "forbidden",
+        "the user may view but not steer, cancel or decide; or answer a question: by default only the run's "
+        "creator answers its questions; or regenerate or resend a run: that takes steering it and starting "
+        "its agent",
+    ),
     ("invalid_payload", "an input that cannot be stored (`null`, NUL, a lone surrogate)"),
     ("payload_too_large", "an input larger than `MAX_PAYLOAD_BYTES`"),
     ("too_many_inputs", "an input to a run that has taken `MAX_INPUTS` inputs"),
@@ -169,8 +214,26 @@ ERROR_CODES: tuple[tuple[str, str], ...] = (
         "send it once the model call has taken them",
     ),
     ("run_settled", "an input to a run that has ended"),
-    ("already_decided", "a decision refused: the approval was decided already"),
-    ("expired", "a decision refused: the approval expired"),
+    ("run_active", "`regenerate` or `resend` of a run that has not settled"),
+    (
+        "history_unavailable",
+        "`regenerate` or `resend` of a run whose history cannot be rebuilt: it saved no step, or a release "
+        "that stored histories whole wrote it",
+    ),
+    ("thread_forbidden", "`regenerate` or `resend` in a thread whose history the user may not view"),
+    ("already_decided", "a decision or answer refused: the wait point was decided or answered already"),
+    ("expired", "a decision or answer refused: the wait point expired"),
+    (
+        "invalid_answer",
+        "an answer that does not fit the question's `answer_schema` (the message names the field)",
+    ),
+    (
+        "invalid_arguments",
+        "edited `arguments` that are not an object or do not fit the tool's schema (the message names "
+        "the field)",
+    ),
+    ("not_editable", "`arguments` given to approve a tool whose approvals may not change them"),
+    ("wrong_kind", "`approve` or `deny` of a question, or `answer` of an approval"),
     ("internal_error", "the command failed unexpectedly (logged for the site)"),
     (
         "unauthenticated",
@@ -203,13 +266,21 @@ def typescript() -> str:
         f"export type ErrorCode = {union(code for code, _ in ERROR_CODES)};",
         "export interface Usage { input_tokens: number; output_tokens: number; }",
         "export interface RunError { code: string; message: string; }",
+        "/** Where a fork started: after step `step` of `run_id` (-1: the history that run started from). */",
+        "export interface ForkPoint { run_id: string; step: number; }",
         "export interface Decision {",
         "  approval_id: string;",
+        '  kind: "approval" | "input";',
         "  tool_name: string;",
-        '  decision: "approved" | "denied" | "expired" | "cancelled";',
+        "  input: Json;",
+        '  decision: "approved" | "denied" | "expired" | "cancelled" | "answered";',
         "  decided_by: string | null;",
         "  decided_at: string | null;",
         "  reason: string;",
+        "  /** The arguments approved instead of the model's (null: as proposed, or not approved). */",
+        "  approved_input: Json;",
+        "  /** A question's answer (null until answered). */",
+        "  answer: Json;",
         "}",
     ]
     for event in EVENTS:

@@ -1,11 +1,14 @@
 """The HTML pages: waiting runs to decide, a chat view of one run, and of one thread. Templates are
 ``chamvi_runs/approvals.html``, ``chamvi_runs/run.html`` and ``chamvi_runs/thread.html`` (with
-``chamvi_runs/thread_run.html`` for one run of a thread); override them in your project. The
-pages' scripts (``run-page.js``, ``thread-page.js``, ``approvals-page.js``) are modules on the
-client ``client.js`` and get what they need from the ``chamvi-page`` JSON block: no inline script."""
+``chamvi_runs/thread_run.html`` for one run of a thread, ``chamvi_runs/question.html`` for a
+question the run asks its user, ``chamvi_runs/decision.html`` for a decision); override them in
+your project. The pages' scripts (``run-page.js``, ``thread-page.js``, ``approvals-page.js``) are
+modules on the client ``client.js`` and get what they need from the ``chamvi-page`` JSON block: no
+inline script."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.contrib import messages
@@ -20,12 +23,13 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
 from .. import api
+from ..core.branches import Node, current_branch, parents
 from ..core.states import TERMINAL, Status
 from ..core.storable import WHAT, unstorable
 from ..models import Run, Step, Thread, WaitPoint
-from ..policy import decidable_approvals, policy
+from ..policy import can_answer, decidable_approvals, policy
 from ..store import queries
-from ..streaming.serializers import error_json, shows_internals
+from ..streaming.serializers import error_json, question, shows_internals
 from . import threads
 from .approvals import decide
 from .consumers import THREAD_REPLAY_RUNS
@@ -49,7 +53,90 @@ APPROVALS_PER_PAGE = 50
 # What the approvals page reads of an approval and its run (and its creator's name): a policy that
 # reads more of the run loads it for each of the page's rows.
 APPROVAL_COLUMNS: tuple[str, ...] = ("approval_id", "run", "tool_name", "input", "expires_at", "created_at")
-APPROVAL_COLUMNS += ("run__agent", "run__status", "run__created_by")
+APPROVAL_COLUMNS += ("editable", "run__agent", "run__status", "run__created_by")
+# What a diff of edited arguments says of a key one side lacks.
+NONE_SHOWN = "(none)"
+
+
+def compact(value: Any) -> str:
+    """A JSON value on one line, as render.js's ``compact`` writes it (``JSON.stringify``)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def argument_changes(proposed: Any, approved: Any) -> list[dict[str, str]]:
+    """What a person changed in the arguments before approving them: per key of an object, else the
+    whole value (``key`` ""), each side as compact JSON. None when nothing was edited. render.js's
+    ``argumentChanges`` says the same."""
+    if approved is None:
+        return []
+    if not (isinstance(proposed, dict) and isinstance(approved, dict)):
+        if _canonical(proposed) == _canonical(approved):
+            return []
+        return [{"key": "", "before": compact(proposed), "after": compact(approved)}]
+    changes = []
+    for key in [*proposed, *(k for k in approved if k not in proposed)]:
+        before = compact(proposed[key]) if key in proposed else NONE_SHOWN
+        after = compact(approved[key]) if key in approved else NONE_SHOWN
+        # A key only one side has shows as (none) on the other: compared by the JSON itself.
+        if _canonical(proposed.get(key)) != _canonical(approved.get(key)) or before != after:
+            changes.append({"key": str(key), "before": before, "after": after})
+    return changes
+
+
+def answer_text(value: Any) -> str:
+    """A question's answer on one line: a string as it is, anything else as compact JSON."""
+    return value if isinstance(value, str) else compact(value)
+
+
+def answer_form(schema: Any) -> dict[str, Any]:
+    """How a page asks for an answer of the JSON Schema ``schema`` (render.js's ``answerForm`` does
+    the same): Yes/No for a boolean, one of its ``choices`` for an enum (each ``value`` the choice
+    as JSON), a line of text for a string, JSON typed out for anything else (None: any value)."""
+    if isinstance(schema, dict):
+        choices = schema.get("enum")
+        if isinstance(choices, list) and choices:
+            return {
+                "kind": "choice",
+                "choices": [{"value": compact(c), "label": answer_text(c)} for c in choices],
+            }
+        if schema.get("type") == "boolean":
+            return {"kind": "boolean"}
+        if schema.get("type") == "string":
+            return {"kind": "text"}
+    return {"kind": "json"}
+
+
+def open_wait(waitpoint: WaitPoint) -> dict[str, Any]:
+    """An open wait point as the pages show it: an approval (``editable``: its arguments may be
+    changed) or a question, with its text and the form of its answer."""
+    return {
+        "waitpoint": waitpoint,
+        "question": question(waitpoint),
+        "form": answer_form(waitpoint.answer_schema) if waitpoint.kind == WaitPoint.Kind.INPUT else None,
+    }
+
+
+def decision_row(waitpoint: WaitPoint) -> dict[str, Any]:
+    """A decided wait point as the pages list it: an answer's text, or what an approver changed."""
+    answered = waitpoint.decision == WaitPoint.Decision.ANSWERED
+    return {
+        "waitpoint": waitpoint,
+        "answer": answer_text(waitpoint.answer) if answered else None,
+        "changes": argument_changes(waitpoint.input, waitpoint.approved_input),
+    }
+
+
+def _open_waits(run: Run) -> list[dict[str, Any]]:
+    """The run's open wait points, in the order of its model call's calls: the questions of one
+    model call wait together."""
+    if run.status != Status.WAITING:
+        return []
+    opened = run.waitpoints.filter(decision__isnull=True).order_by("model_step", "call_position", "pk")
+    return [open_wait(w) for w in opened]
 
 
 def _posted(request: HttpRequest, name: str) -> str:
@@ -61,15 +148,44 @@ def _posted(request: HttpRequest, name: str) -> str:
     return value
 
 
-def _decide(request: HttpRequest, approve: bool) -> None:
-    """Decide the posted approval. One the user may not decide is a 404, as one that does not exist;
-    a malformed field is a request no page sends (400); a refusal (decided already, expired) is said
-    on the page."""
+def _edited(request: HttpRequest, approval_id: str) -> tuple[bool, Any]:
+    """Whether the approval form's ``arguments`` (the proposal as JSON, which the approver may have
+    changed) differ from the proposal, and what they are then. Text that is not JSON is said on the
+    page (``ValueError``)."""
+    posted = _posted(request, "arguments")
+    if not posted.strip():
+        return False, None
     try:
-        waitpoint = decide(
-            request.user, _posted(request, "approval_id"), approve, reason=request.POST.get("reason", "")
-        )
+        arguments = json.loads(posted)
+    except ValueError as exc:
+        raise ValueError(f"The arguments are not JSON: {exc}") from None
+    if not isinstance(arguments, dict):
+        raise ValueError("The arguments must be a JSON object, as the model proposed them.")
+    proposed = WaitPoint.objects.filter(approval_id=approval_id).values_list("input", flat=True).first()
+    return _canonical(arguments) != _canonical(proposed), arguments
+
+
+def _decide(request: HttpRequest, approve: bool) -> None:
+    """Decide the posted approval, with the arguments as the approver edited them, if they did. One
+    the user may not decide is a 404, as one that does not exist; a malformed field is a request no
+    page sends (400); a refusal (decided already, expired, edited arguments that do not fit the
+    tool) is said on the page."""
+    approval_id = _posted(request, "approval_id")
+    edit: dict[str, Any] = {}
+    if approve and "arguments" in request.POST:
+        try:
+            edited, arguments = _edited(request, approval_id)
+        except ValueError as exc:
+            messages.error(request, str(exc))
+            return
+        if edited:
+            edit["arguments"] = arguments
+    try:
+        waitpoint = decide(request.user, approval_id, approve, reason=request.POST.get("reason", ""), **edit)
     except ApiError as exc:
+        if exc.code in ("invalid_arguments", "not_editable"):
+            messages.error(request, exc.message)
+            return
         if exc.status == 400:
             raise BadRequest(exc.message) from None
         if exc.code in ("not_found", "forbidden"):
@@ -77,7 +193,8 @@ def _decide(request: HttpRequest, approve: bool) -> None:
         messages.error(request, exc.message)
         return
     verb = "Approved" if approve else "Denied"
-    messages.success(request, f"{verb} {waitpoint.tool_name} for run {waitpoint.run_id}.")
+    changes = " with your changes" if edit else ""
+    messages.success(request, f"{verb} {waitpoint.tool_name} for run {waitpoint.run_id}{changes}.")
 
 
 @login_required
@@ -91,7 +208,7 @@ def approvals(request: HttpRequest) -> HttpResponse:
             run = Run.objects.filter(pk=_posted(request, "run_id")).first()
             if run is None or not policy().can_cancel(request.user, run):
                 raise Http404("no such run")
-            open_approval = run.waitpoints.filter(decision__isnull=True)
+            open_approval = run.waitpoints.filter(decision__isnull=True, kind=WaitPoint.Kind.APPROVAL)
             tool = open_approval.values_list("tool_name", flat=True).first()
             status = api.cancel_run(run.pk, by=request.user)
             if status != Status.CANCELLED:
@@ -107,10 +224,13 @@ def approvals(request: HttpRequest) -> HttpResponse:
 
 def _open_approvals() -> QuerySet[WaitPoint]:
     """Open approvals of waiting runs, soonest expiry first (those that need a decision first; none
-    without an expiry last), with only the columns the page shows: never a run's trigger or output."""
+    without an expiry last), with only the columns the page shows: never a run's trigger or output.
+    Questions are not approvals: the run's user answers them on the run's page."""
     creator = f"run__created_by__{get_user_model().USERNAME_FIELD}"
     return (
-        WaitPoint.objects.filter(decision__isnull=True, run__status=Status.WAITING)
+        WaitPoint.objects.filter(
+            decision__isnull=True, run__status=Status.WAITING, kind=WaitPoint.Kind.APPROVAL
+        )
         .select_related("run", "run__created_by")
         .only(*APPROVAL_COLUMNS, creator)
         .order_by(F("expires_at").asc(nulls_last=True), "created_at", "pk")
@@ -168,20 +288,123 @@ def _summary(run: Run) -> dict[str, Any]:
             items.append(
                 {"kind": "tool-result", "name": step.name, "value": step.output, "error": step.error or None}
             )
-    waiting = run.waitpoints.filter(decision__isnull=True).first() if run.status == Status.WAITING else None
+    payload = (run.trigger or {}).get("payload")
     return {
         "run": run,
-        "message": (run.trigger or {}).get("payload"),
+        "message": payload,
+        # What the thread page's "Edit" starts from (render.js ``editableMessage``).
+        "payload_json": compact(payload),
         "items": items,
         "error": error_json(run, internals=False),
         # A text output is the last step's text, already in the conversation.
         "structured_output": None if isinstance(run.output, str) else run.output,
-        "waiting": waiting,
+        "waits": _open_waits(run),
     }
 
 
-def _thread_runs(user: Any, runs: Any) -> list[dict[str, Any]]:
-    return [_summary(r) for r in runs if policy().can_view(user, r)]
+def _thread_runs(user: Any, runs: Any, *, actions: bool = False) -> list[dict[str, Any]]:
+    """The summaries of the runs ``user`` may view; with ``actions``, each says whether the user may
+    answer it again (Regenerate) or edit its message (Edit): the thread page's buttons."""
+    runs = list(runs)
+    replaced = _payloads({run.replaces_id for run in runs if run.replaces_id})
+    shown = []
+    for run in runs:
+        if policy().can_view(user, run):
+            summary = _summary(run)
+            # The thread page's script asks it of the run's later questions too.
+            summary["can_answer"] = can_answer(user, run)
+            summary["again"] = actions and may_again(user, run)
+            summary["lineage"] = lineage_notes(run, replaced)
+            shown.append(summary)
+    return shown
+
+
+# --- branches (SPEC §12): regenerate, edit and resend, forks ---------------------------------------
+
+# How a run that replaces another says so: by whether it kept the trigger's payload (a regenerate)
+# or was sent with another (an edited message).
+REGENERATED = "Regenerated from"
+EDITED = "Edited from"
+
+
+def may_again(user: Any, run: Run) -> bool:
+    """Whether ``user`` may regenerate ``run`` or resend it with an edited message (the API asks the
+    same: ``can_steer`` the run and ``can_start`` its agent); whether it is settled yet is the
+    page's to follow, live."""
+    return bool(policy().can_steer(user, run) and policy().can_start(user, run.agent))
+
+
+def _payloads(run_ids: set[str]) -> dict[str, Any]:
+    """The trigger payloads of ``run_ids`` (those that still exist)."""
+    if not run_ids:
+        return {}
+    rows = Run.objects.filter(pk__in=run_ids).values_list("pk", "trigger")
+    return {pk: (trigger or {}).get("payload") for pk, trigger in rows}
+
+
+def lineage_notes(run: Run, replaced: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """What a run's page (and its summary on a thread page) says of the runs it replaces or was
+    forked from: each ``{"text", "run_id", "step"?}``, ``run_id`` linked. ``replaced``: the payloads
+    of the runs it may replace, read at once for a whole thread."""
+    notes: list[dict[str, Any]] = []
+    if run.replaces_id:
+        payloads = replaced if replaced is not None else _payloads({run.replaces_id})
+        if run.replaces_id in payloads:
+            same = _canonical(payloads[run.replaces_id]) == _canonical((run.trigger or {}).get("payload"))
+            notes.append({"text": REGENERATED if same else EDITED, "run_id": run.replaces_id})
+        else:
+            notes.append({"text": "Replaces", "run_id": run.replaces_id})
+    elif run.base_id:
+        notes.append({"text": "Forked from", "run_id": run.base_id, "step": fork_point(run.base_step)})
+    return notes
+
+
+def fork_point(step: int | None) -> str:
+    """Where in its base run a fork starts, as the run page says it."""
+    if step is None or step < 0:
+        return "before its first step"
+    return f"at step {step}"
+
+
+def replaced_by(run: Run) -> Run | None:
+    """The newest run that regenerates or resends ``run`` (the run JSON's ``replaced_by``)."""
+    return Run.objects.filter(replaces_id=run.pk).order_by("-created_at", "-id").only("id", "agent").first()
+
+
+def _branch_of(run: Run) -> tuple[list[str], bool]:
+    """The ids of the runs ``run`` goes on from in its thread (its parents, oldest first, without
+    it), and whether it is on the thread's current branch."""
+    nodes = queries.thread_nodes(run.thread or "", run.scope)
+    up = parents(nodes)
+    chain: list[str] = []
+    at = up.get(run.pk)
+    while at is not None and at not in chain:
+        chain.append(at)
+        at = up.get(at)
+    return chain[::-1], run.pk in current_branch(nodes)
+
+
+def _in_order(ids: list[str]) -> list[Run]:
+    """The runs of ``ids`` (those that exist), in the order of ``ids``."""
+    found = Run.objects.select_related("created_by").in_bulk(ids)
+    return [found[i] for i in ids if i in found]
+
+
+def _off_branch(user: Any, nodes: list[Node], branch: list[str]) -> list[dict[str, Any]]:
+    """The runs of a thread (``nodes``) its current branch leaves out (regenerated, edited, or after
+    those), oldest first, the latest ``THREAD_RUNS`` of them the user may view: each with the newest
+    run that replaced it, if one did."""
+    on_branch = set(branch)
+    off = [n.id for n in nodes if n.id not in on_branch][-THREAD_RUNS:]
+    newest: dict[str, str] = {}
+    replacing = Run.objects.filter(replaces_id__in=off).order_by("created_at", "id")
+    for old, new in replacing.values_list("replaces_id", "pk"):
+        newest[old] = new
+    return [
+        {"run": run, "message": (run.trigger or {}).get("payload"), "replaced_by": newest.get(run.pk)}
+        for run in _in_order(off)
+        if policy().can_view(user, run)
+    ]
 
 
 @login_required
@@ -192,28 +415,35 @@ def run_page(request: HttpRequest, run_id: str) -> HttpResponse:
         raise Http404("no such run")
     active = run.status not in TERMINAL
     can_decide = bool(policy().can_decide(user, run))
-    waiting = run.waitpoints.filter(decision__isnull=True).first() if run.status == Status.WAITING else None
+    answers = can_answer(user, run)
     thread = _viewable(user, threads.find(user, run.thread, run.scope)) if run.thread else None
     history: list[dict[str, Any]] = []
+    on_branch = True
     if thread is not None:
-        earlier = Run.objects.filter(scope=run.scope, thread=run.thread, created_at__lt=run.created_at)
-        history = _thread_runs(user, list(earlier.order_by("-created_at")[:THREAD_RUNS])[::-1])
+        # The runs this one goes on from: not those a regenerate or an edit left behind.
+        earlier, on_branch = _branch_of(run)
+        history = _thread_runs(user, _in_order(earlier[-THREAD_RUNS:]))
     context = {
         "run": run,
         "error": error_json(run, internals=shows_internals(user)),
-        "waiting": waiting,
+        "waits": _open_waits(run),
         "can_decide": can_decide,
-        "decisions": list(queries.decided_waitpoints(run)),
+        "can_answer": answers,
+        "decisions": [decision_row(w) for w in queries.decided_waitpoints(run)],
         "can_steer": active and policy().can_steer(user, run),
         "can_cancel": active and policy().can_cancel(user, run),
         "thread": thread,
         "thread_query": threads.query_of(thread, user) if thread is not None else "",
         "history": history,
+        "lineage": lineage_notes(run),
+        "replaced_by": replaced_by(run),
+        "off_branch": thread is not None and not on_branch,
         "page": {
             "base": client_base(),
             "run_id": run.pk,
             "status": run.status,
             "can_decide": can_decide,
+            "can_answer": answers,
         },
     }
     return render(request, "chamvi_runs/run.html", context)
@@ -225,10 +455,32 @@ def thread_page(request: HttpRequest, thread: str) -> HttpResponse:
     found = _viewable(request.user, threads.find(request.user, thread, request.GET.get("scope")))
     if found is None:
         raise Http404("no such thread")
-    runs = Run.objects.filter(scope=found.scope, thread=found.name).order_by("-created_at", "-id")
+    # The thread's current branch (core.branches): runs a regenerate or an edit left behind are
+    # listed apart, as links (the page's script shows them in place on demand).
+    nodes = queries.thread_nodes(found.name, found.scope)
+    branch = current_branch(nodes)
+    shown = branch[-THREAD_RUNS:]
+    summaries = _thread_runs(request.user, _in_order(shown), actions=True)
+    latest = Run.objects.filter(pk=nodes[-1].id).first() if nodes else None
     context = {
         "thread": found,
-        "runs": _thread_runs(request.user, list(runs[:THREAD_RUNS])[::-1]),
-        "page": {"base": client_base(), "thread": found.name, "scope": found.scope},
+        "runs": summaries,
+        "replaced": _off_branch(request.user, nodes, branch),
+        # Edit and Regenerate wait while a run of the thread is active (the page's script follows).
+        "busy": Run.objects.filter(scope=found.scope, thread=found.name)
+        .exclude(status__in=TERMINAL)
+        .exists(),
+        "page": {
+            "base": client_base(),
+            "thread": found.name,
+            "scope": found.scope,
+            # Every run of the thread the page knows, oldest first: where a run the page is shown
+            # later (a replaced one, on demand) goes among the others.
+            "order": [n.id for n in nodes][-2 * THREAD_RUNS :],
+            "branch": shown,
+            # Whether runs started while the page is open get Edit and Regenerate: as the thread's
+            # latest run does (the server refuses what the viewer may not do anyway).
+            "may_again": may_again(request.user, latest) if latest is not None else True,
+        },
     }
     return render(request, "chamvi_runs/thread.html", context)

@@ -6,7 +6,7 @@ import {
   Backoff, ChamviError, RunClient, connectRun, connectThread,
 } from "../../chamvi_runs/static/chamvi_runs/client.js";
 import {
-  FakeWebSocket, LOCATION, SAMPLE, SAMPLE_TRANSCRIPT, RUN_ID, UNTIL_WAITING, bySeq, numbered, shortRun, interleave, transcript,
+  FakeWebSocket, LOCATION, SAMPLE, SAMPLE_TRANSCRIPT, RUN_ID, UNTIL_WAITING, APPROVAL_DEFAULTS, bySeq, numbered, shortRun, interleave, transcript,
   fakeFetch, fastBackoff, outcome, flush, waitFor,
 } from "./fakes.mjs";
 
@@ -290,6 +290,7 @@ test("scenario 4: approve from run.waiting, then run.resume closes the wait for 
   socket.messages(UNTIL_WAITING);
   assert.equal(client.state.status, "waiting");
   assert.deepEqual(client.state.waiting, {
+    ...APPROVAL_DEFAULTS,
     approval_id: "apr_9XkQ",
     tool_name: "issue_refund",
     input: {order_id: "A-1001", amount_cents: 4599},

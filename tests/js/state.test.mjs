@@ -4,7 +4,7 @@ import assert from "node:assert/strict";
 
 import {RunState, ThreadState, EVENT_TYPES} from "../../chamvi_runs/static/chamvi_runs/client.js";
 import {
-  SAMPLE, SAMPLE_TRANSCRIPT, RUN_ID, RETRIED, UNTIL_WAITING, bySeq, docSample, numbered, shortRun, interleave, transcript,
+  SAMPLE, SAMPLE_TRANSCRIPT, RUN_ID, RETRIED, UNTIL_WAITING, APPROVAL_DEFAULTS, bySeq, docSample, numbered, shortRun, interleave, transcript,
 } from "./fakes.mjs";
 
 
@@ -139,6 +139,7 @@ test("replay.truncated drops what was shown and the rebuild that follows shows t
   applied(rebuilt, state);
   assert.deepEqual(transcript(state), SAMPLE_TRANSCRIPT.slice(0, 3));
   assert.deepEqual(state.waiting, {
+    ...APPROVAL_DEFAULTS,
     approval_id: "apr_9XkQ",
     tool_name: "issue_refund",
     input: {order_id: "A-1001", amount_cents: 4599},

@@ -1,7 +1,8 @@
 /* The approvals page (templates/chamvi_runs/approvals.html): decides in place, without reloading
-   the page; the page's forms work as they are where scripts do not run. */
+   the page, with the arguments as the approver edited them, if they did; the page's forms work as
+   they are where scripts do not run. */
 import {decideApproval} from "./client.js";
-import {el} from "./render.js";
+import {editedArguments, el, markEdits} from "./render.js";
 
 const page = JSON.parse(document.getElementById("chamvi-page").textContent);
 const messages = () => {
@@ -34,13 +35,21 @@ for (const form of document.querySelectorAll("tr.approval form")) {
     if (!button || !approvalId || !["approve", "deny"].includes(button.value)) return;  // cancel: posted
     submit.preventDefault();
     const row = form.closest("tr.approval");
+    let edit = {};
+    try {
+      if (button.value === "approve") edit = editedArguments(form);
+    } catch (refusal) {
+      say("error", refusal.message);
+      return;
+    }
     for (const b of row.querySelectorAll("button")) b.disabled = true;
     const reason = form.elements.reason?.value || "";
     // The form's own token: the csrftoken cookie may be out of a script's reach.
-    const options = {reason, base: page.base, csrfToken: form.elements.csrfmiddlewaretoken?.value};
+    const options = {reason, ...edit, base: page.base, csrfToken: form.elements.csrfmiddlewaretoken?.value};
     decideApproval(approvalId, button.value, options).then(
       () => {
-        say("success", `${button.value === "approve" ? "Approved" : "Denied"}: ${row.dataset.toolName} of run ${row.dataset.runId}.`);
+        const verb = button.value === "deny" ? "Denied" : edit.arguments === undefined ? "Approved" : "Approved with your changes";
+        say("success", `${verb}: ${row.dataset.toolName} of run ${row.dataset.runId}.`);
         drop(row);
       },
       (error) => {
@@ -51,3 +60,5 @@ for (const form of document.querySelectorAll("tr.approval form")) {
     );
   });
 }
+
+markEdits(document.body, (form) => form?.querySelector("button[value=approve]"));

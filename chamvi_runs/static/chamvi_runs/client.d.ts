@@ -5,22 +5,33 @@
 export type Json = null | boolean | number | string | Json[] | {[key: string]: Json};
 export type RunStatus = "queued" | "running" | "waiting" | "interrupted" | "completed" | "failed" | "cancelled";
 export type EventType = "run.start" | "run.resume" | "input" | "step.start" | "delta" | "step.end" | "tool.call" | "tool.result" | "run.waiting" | "run.end" | "replay.truncated";
-export type ErrorCode = "invalid_message" | "not_found" | "forbidden" | "invalid_payload" | "payload_too_large" | "too_many_inputs" | "inputs_pending" | "run_settled" | "already_decided" | "expired" | "internal_error" | "unauthenticated" | "invalid_after";
+export type ErrorCode = "invalid_message" | "not_found" | "forbidden" | "invalid_payload" | "payload_too_large" | "too_many_inputs" | "inputs_pending" | "run_settled" | "run_active" | "history_unavailable" | "thread_forbidden" | "already_decided" | "expired" | "invalid_answer" | "invalid_arguments" | "not_editable" | "wrong_kind" | "internal_error" | "unauthenticated" | "invalid_after";
 export interface Usage { input_tokens: number; output_tokens: number; }
 export interface RunError { code: string; message: string; }
+/** Where a fork started: after step `step` of `run_id` (-1: the history that run started from). */
+export interface ForkPoint { run_id: string; step: number; }
 export interface Decision {
   approval_id: string;
+  kind: "approval" | "input";
   tool_name: string;
-  decision: "approved" | "denied" | "expired" | "cancelled";
+  input: Json;
+  decision: "approved" | "denied" | "expired" | "cancelled" | "answered";
   decided_by: string | null;
   decided_at: string | null;
   reason: string;
+  /** The arguments approved instead of the model's (null: as proposed, or not approved). */
+  approved_input: Json;
+  /** A question's answer (null until answered). */
+  answer: Json;
 }
 export interface RunStartEvent {
   type: "run.start";
   run_id: string;
   seq: number;
   status: RunStatus;
+  replaces: string | null;
+  replaced_by: string | null;
+  forked_from: ForkPoint | null;
 }
 export interface RunResumeEvent {
   type: "run.resume";
@@ -85,8 +96,13 @@ export interface RunWaitingEvent {
   run_id: string;
   seq: number;
   approval_id: string;
+  kind: "approval" | "input";
   tool_name: string;
   input: Json;
+  question: string | null;
+  answer_schema: Json;
+  client: boolean;
+  editable: boolean;
   expires_at: string | null;
 }
 export interface RunEndEvent {
@@ -155,6 +171,7 @@ export interface ApproveCommand {
   type: "approve";
   approval_id: string;
   reason?: string;
+  arguments?: {[key: string]: Json};
 }
 export interface ApproveAck {
   type: "ack";
@@ -171,8 +188,39 @@ export interface DenyAck {
   action: "deny";
   approval_id: string;
 }
-export type Command = InputCommand | CancelCommand | ApproveCommand | DenyCommand;
-export type Ack = InputAck | CancelAck | ApproveAck | DenyAck;
+export interface AnswerCommand {
+  type: "answer";
+  approval_id: string;
+  answer: Json;
+}
+export interface AnswerAck {
+  type: "ack";
+  action: "answer";
+  approval_id: string;
+}
+export interface RegenerateCommand {
+  type: "regenerate";
+  run_id?: string;
+}
+export interface RegenerateAck {
+  type: "ack";
+  action: "regenerate";
+  run_id: string;
+  replaces: string;
+}
+export interface ResendCommand {
+  type: "resend";
+  payload: Json;
+  run_id?: string;
+}
+export interface ResendAck {
+  type: "ack";
+  action: "resend";
+  run_id: string;
+  replaces: string;
+}
+export type Command = InputCommand | CancelCommand | ApproveCommand | DenyCommand | AnswerCommand | RegenerateCommand | ResendCommand;
+export type Ack = InputAck | CancelAck | ApproveAck | DenyAck | AnswerAck | RegenerateAck | ResendAck;
 export interface ErrorReply { type: "error"; code: ErrorCode | (string & {}); message: string; }
 export type Reply = Ack | ErrorReply;
 // </vocabulary>
@@ -236,16 +284,30 @@ export interface ToolItem {
   done: boolean;
 }
 
-export interface DecisionItem extends Decision {
+/** A decision in the conversation: the decision's own `kind` (approval or question) is `wait_kind`. */
+export interface DecisionItem extends Omit<Decision, "kind"> {
   kind: "decision";
+  wait_kind: Decision["kind"];
 }
 
 export type Item = InputItem | MessageItem | ToolItem | DecisionItem;
 
+/** An open wait point: an approval, or a question (`kind: "input"`). A server of a release before
+    questions sends approvals only: `kind` "approval", `question` and `answer_schema` null, `client`
+    and `editable` false. */
 export interface Waiting {
   approval_id: string;
+  kind: "approval" | "input";
   tool_name: string;
+  /** The call's arguments (a question's `{question}`; a client tool's, as the model gave them). */
   input: Json;
+  question: string | null;
+  /** A question's JSON Schema of the answer; null: any JSON value. */
+  answer_schema: Json;
+  /** A question the page's code answers: a client tool (`onClientTool`). */
+  client: boolean;
+  /** Whether an approval may be given with other arguments (`approve({arguments})`). */
+  editable: boolean;
   expires_at: string | null;
 }
 
@@ -263,28 +325,73 @@ export declare class RunState {
   status: RunStatus | null;
   /** The conversation in order. */
   items: Item[];
-  /** The open approval. */
+  /** Every open wait point (approvals and questions), in the order they came. Closed by a decision
+      (run.resume, run.end), the run resuming or ending, or this client's own decision or answer
+      acked (the run waits on while other questions of its model call are open). */
+  waits: Waiting[];
+  /** The first of `waits`, or null. */
   waiting: Waiting | null;
   decisions: Decision[];
   /** The receipt of run.end, once the run settled. */
   end: Receipt | null;
   /** After replay.truncated: the first step the rebuild covers. */
   from_step: number | null;
+  /** The run this one regenerates or resends (its run.start says it), or null. */
+  replaces: string | null;
+  /** The newest run that regenerates or resends this one, or null: a rebuild's run.start says it;
+      a thread's state sets it when such a run comes (or its regenerate or resend is acked), a run
+      client when its own regenerate or resend is acked. Kept by a rebuild. */
+  replaced_by: string | null;
+  /** Where the run was forked from (`from_step`), or null. */
+  forked_from: ForkPoint | null;
   readonly ended: boolean;
   message(step: number): MessageItem | null;
   tool(step: number): ToolItem | null;
+  /** The open wait point `approvalId`, or null. */
+  wait(approvalId: string): Waiting | null;
+  /** Closes the wait point `approvalId` (decided by this client); whether it was open. A later
+      run.waiting for it, a rebuild's included, does not open it again. */
+  settle(approvalId: string): boolean;
   /** Takes an event once, in seq order (a replay.truncated whatever its seq); whether it changed
       the state. */
   apply(event: RunEvent): boolean;
 }
 
+/** A run as `currentBranch` reads it: run JSON and a thread's branch summaries (`id`), or a
+    RunState (`run_id`). */
+export type BranchRun = ({ id: string } | { run_id: string }) & {
+  replaces?: string | null | undefined;
+  forked_from?: ForkPoint | null | undefined;
+};
+
+/** The ids of a thread's current branch, oldest first, by the server's rule
+    (chamvi_runs/core/branches.py): `runs` in creation order. */
+export declare function currentBranch(runs: readonly BranchRun[]): string[];
+
+export interface ListOptions {
+  /** Every run, in the order they came, not only the current branch's. */
+  allBranches?: boolean | undefined;
+}
+
 export declare class ThreadState {
   constructor(thread: string);
   readonly thread: string;
-  /** Each run of the thread, in the order their first events came. */
+  /** Each run of the thread, in the order their first events came (the order they were created),
+      on the current branch or not. */
   readonly runs: Map<string, RunState>;
+  /** The ids of the runs on the current branch, oldest first: the runs after a regenerated or
+      resent one, the run it replaced, and the runs a fork left are not on it. A new array each time
+      it changes. */
+  readonly branch: readonly string[];
+  onBranch(runId: string): boolean;
+  runsOnBranch(): RunState[];
+  /** What a page shows: the current branch's runs, or every run with `allBranches`. */
+  list(options?: ListOptions): RunState[];
   run(runId: string): RunState | null;
   apply(event: RunEvent): RunState | null;
+  /** Takes the run a regenerate or resend just started (its ack) before any of its events: queued,
+      replacing `replaces`. Its state, or null when the thread has the run already. */
+  expect(runId: string, lineage?: { replaces?: string | null }): RunState | null;
 }
 
 export type Transport = "websocket" | "sse";
@@ -347,7 +454,48 @@ interface Listeners<S, Extra extends Record<string, unknown[]> = {}> {
   on<K extends keyof Extra & string>(name: K, listener: Listener<Extra[K]>): () => void;
 }
 
-export interface RunClient extends Listeners<RunState> {}
+/** The edited arguments of an approval, instead of the model's: checked against the tool's schema
+    (`invalid_arguments`), refused for a tool approved with editable=False (`not_editable`). */
+export type ToolArguments = {[key: string]: Json};
+
+export interface ApproveOptions {
+  /** The approval to decide; a run client's first open approval by default. */
+  approvalId?: string;
+  reason?: string;
+  arguments?: ToolArguments | null | undefined;
+}
+
+export interface AnswerOptions {
+  /** The question to answer; a run client's first open question by default. */
+  approvalId?: string;
+  /** Any JSON value, checked against the question's `answer_schema` (`invalid_answer`). */
+  answer: Json;
+}
+
+/** A client tool's handler: gets the call's input and its wait point; what it returns (or
+    resolves with; undefined sends null) is the answer. */
+export type ClientToolHandler = (input: Json, waiting: Waiting) => Json | undefined | Promise<Json | undefined>;
+
+/** What both clients share about the questions of client tools. */
+interface ClientTools {
+  /** Answers each open question of the client tool `name` (kind "input", `client` true) with what
+      `handler` returns, once per approval id (also questions open already, and after a replay); a
+      handler that throws sends nothing (the error goes to `reportError`). Returns a function that
+      removes the handler. */
+  onClientTool(name: string, handler: ClientToolHandler): () => void;
+}
+
+/** Which settled run to regenerate; a run client's own by default (another run's goes over HTTP). */
+export interface RegenerateOptions {
+  runId?: string | undefined;
+}
+
+export interface ResendOptions extends RegenerateOptions {
+  /** The new run's trigger payload: the edited message. */
+  payload: Json;
+}
+
+export interface RunClient extends Listeners<RunState>, ClientTools {}
 export declare class RunClient {
   constructor(runId: string, options?: ClientOptions);
   readonly runId: string;
@@ -359,8 +507,16 @@ export declare class RunClient {
   start(): this;
   input(payload: Json): Promise<InputAck>;
   cancel(): Promise<CancelAck>;
-  approve(options?: { approvalId?: string; reason?: string }): Promise<ApproveAck>;
+  approve(options?: ApproveOptions): Promise<ApproveAck>;
   deny(options?: { approvalId?: string; reason?: string }): Promise<DenyAck>;
+  /** Answers the first open question, or `approvalId`. */
+  answer(options: AnswerOptions): Promise<AnswerAck>;
+  /** A new run of the thread from the history this settled run (or `runId`) started from, with its
+      trigger: over the socket while it is open, else (the run has ended, another run) over HTTP.
+      The ack names the new run, which this client does not follow; `state.replaced_by` is set. */
+  regenerate(options?: RegenerateOptions): Promise<RegenerateAck>;
+  /** As `regenerate`, with `payload` as the new run's trigger payload. */
+  resend(options: ResendOptions): Promise<ResendAck>;
   close(): void;
 }
 
@@ -369,10 +525,16 @@ export interface ThreadOptions extends ClientOptions {
   /** The scope of the thread to follow (a thread page's `scope`; "" is the site's global names).
       Not given: the user's own thread of that name, else the global one. */
   scope?: string | null | undefined;
+  /** Tell the listeners (`event`, a type, `change`, `run`) of every run's events, and list every
+      run in `runs()`; by default (false), only those of the runs on the current branch. */
+  allBranches?: boolean | undefined;
 }
 
-/** A thread client also tells `"run"`: a run of the thread seen for the first time. */
-export interface ThreadClient extends Listeners<RunState, { run: [RunState] }> {}
+/** A thread client also tells `"run"`: a run of the thread shown for the first time (on the
+    current branch, unless `allBranches`); and `"branch"`: the current branch moved (its ids, oldest
+    first, and the thread's state). */
+export interface ThreadClient
+  extends Listeners<RunState, { run: [RunState]; branch: [readonly string[], ThreadState] }>, ClientTools {}
 export declare class ThreadClient {
   constructor(thread: string, options?: ThreadOptions);
   readonly thread: string;
@@ -384,8 +546,20 @@ export declare class ThreadClient {
   start(): this;
   input(runId: string, payload: Json): Promise<InputAck>;
   cancel(runId: string): Promise<CancelAck>;
-  approve(approvalId: string, options?: { reason?: string }): Promise<ApproveAck>;
+  approve(approvalId: string, options?: { reason?: string; arguments?: ToolArguments | null | undefined }): Promise<ApproveAck>;
   deny(approvalId: string, options?: { reason?: string }): Promise<DenyAck>;
+  /** Answers the question `approvalId` of one of the thread's runs. */
+  answer(options: AnswerOptions & { approvalId: string }): Promise<AnswerAck>;
+  /** Whether every run is shown, or the current branch's only (the option). */
+  readonly allBranches: boolean;
+  /** The runs to show, in order: the current branch's, or every run with `allBranches`. */
+  runs(): RunState[];
+  /** A new run of the thread from the history the settled run `runId` started from, with its
+      trigger. By the ack the new run is in the state (queued, on the branch); the socket streams it. */
+  regenerate(options: RegenerateOptions & { runId: string }): Promise<RegenerateAck>;
+  /** As `regenerate`, with `payload` as the new run's trigger payload (an edited message): the runs
+      after `runId` leave the branch. */
+  resend(options: ResendOptions & { runId: string }): Promise<ResendAck>;
   close(): void;
 }
 
@@ -394,6 +568,8 @@ export declare function connectThread(thread: string, options?: ThreadOptions): 
 
 export interface DecideOptions {
   reason?: string | undefined;
+  /** An approval's edited arguments (not a denial's). */
+  arguments?: ToolArguments | null | undefined;
   /** The wait point's token from a notifier's link: no session needed. */
   token?: string | null | undefined;
   base?: string | undefined;
@@ -404,21 +580,41 @@ export interface DecideOptions {
   fetch?: typeof fetch | undefined;
 }
 
-/** The wait point as the HTTP API returns it after a decision. */
-export interface DecidedWaitPoint {
+/** A wait point as the HTTP API returns it once decided or answered. */
+interface WaitPointJson {
   approval_id: string;
   run_id: string;
-  kind: "approval";
+  kind: "approval" | "input";
   tool_name: string;
+  /** The arguments the model proposed. */
   input: Json;
+  question: string | null;
+  answer_schema: Json;
+  client: boolean;
+  editable: boolean;
   expires_at: string | null;
   notified_at: string | null;
-  decision: "approved" | "denied";
   /** The deciding user's primary key. */
   decided_by: number | string | null;
   decided_at: string;
   reason: string;
+  /** The arguments approved instead of the model's; null: approved as proposed. */
+  approved_input: Json;
+  /** A question's answer; null for an approval. */
+  answer: Json;
   created_at: string;
+}
+
+/** The approval as the HTTP API returns it after a decision. */
+export interface DecidedWaitPoint extends WaitPointJson {
+  kind: "approval";
+  decision: "approved" | "denied";
+}
+
+/** The question as the HTTP API returns it after its answer. */
+export interface AnsweredWaitPoint extends WaitPointJson {
+  kind: "input";
+  decision: "answered";
 }
 
 /** Decides an approval over the HTTP API, without a socket. */
@@ -427,3 +623,54 @@ export declare function decideApproval(
   decision: "approve" | "deny",
   options?: DecideOptions,
 ): Promise<DecidedWaitPoint>;
+
+export type AnswerQuestionOptions = Omit<DecideOptions, "reason" | "arguments">;
+
+/** Answers a question over the HTTP API, without a socket. */
+export declare function answerQuestion(
+  approvalId: string,
+  answer: Json,
+  options?: AnswerQuestionOptions,
+): Promise<AnsweredWaitPoint>;
+
+/** Options of `regenerateRun` and `resendRun`. */
+export interface AgainOptions {
+  base?: string | undefined;
+  headers?: Record<string, string> | undefined;
+  csrfToken?: string | (() => string) | undefined;
+  /** An API token instead of the session: sent as `Authorization: Bearer`. */
+  token?: string | null | undefined;
+  /** ms the request may take before it is aborted and the promise rejects with `timeout` (15000). */
+  commandTimeout?: number | undefined;
+  fetch?: typeof fetch | undefined;
+}
+
+/** A run as the HTTP API returns it (`GET api/runs/<id>/`, and the 201 of a start, a regenerate or a
+    resend). */
+export interface RunJson {
+  id: string;
+  agent: string;
+  status: RunStatus;
+  trigger: { [key: string]: Json };
+  thread: string | null;
+  concurrency_key: string | null;
+  output: Json;
+  error: RunError | null;
+  usage: Usage;
+  created_at: string;
+  started_at: string | null;
+  finished_at: string | null;
+  /** The run this one regenerates or resends. */
+  replaces: string | null;
+  /** The newest run that regenerates or resends this one. */
+  replaced_by: string | null;
+  forked_from: ForkPoint | null;
+  inputs: string[];
+  decisions: Decision[];
+}
+
+/** Regenerates a settled run over the HTTP API, without a socket: resolves with the new run. */
+export declare function regenerateRun(runId: string, options?: AgainOptions): Promise<RunJson>;
+
+/** Resends a settled run with another payload over the HTTP API: resolves with the new run. */
+export declare function resendRun(runId: string, payload: Json, options?: AgainOptions): Promise<RunJson>;

@@ -1,6 +1,9 @@
 /* chamvi_runs' browser client: follows one run, or every run of a thread, over the websocket (or
    Server-Sent Events where websockets are unavailable), keeps each run's state as the events tell
-   it, and sends input, cancel, approve and deny with their answers as promises.
+   it, and sends input, cancel, approve, deny, answers to questions, regenerate and resend with their
+   replies as promises; a page's code may answer the questions of its client tools (onClientTool).
+   A thread's state knows its current branch (regenerated, resent and forked runs), by the rule of
+   chamvi_runs/core/branches.py.
 
    A dependency-free ES module: `import {connectRun} from "/static/chamvi_runs/client.js"`. It never
    builds HTML: state holds the server's text and JSON as they came, for the page to show as text.
@@ -38,6 +41,10 @@ const SOCKET_FAILURES_BEFORE_SSE = 3;
 const STEADY_AFTER = 5000;
 // A thread client resumes at most its latest runs by seq (the server replays a thread's latest 50).
 const RESUME_RUNS = 50;
+// Refusals that say the wait point is no longer open: the state closes it, as after an ack.
+const NOT_OPEN = new Set(["already_decided", "expired"]);
+// How many times a client tool's answer is sent while connections drop before it is acked.
+const CLIENT_TOOL_ATTEMPTS = 3;
 
 /** A refusal or failure of a command, or of the connection: `code` is one of the server's stable
     error codes, or `connection_lost`, `timeout`, `closed`, `unsupported` from the client itself.
@@ -76,18 +83,29 @@ export class Backoff {
     one the client named), and the client goes on from the marker's seq.
 
     `items` is the conversation in order: steering inputs, model messages (only the highest attempt
-    of each step), tool calls with their results, and decisions. `waiting` is the open approval,
-    `end` the receipt once the run settled. */
+    of each step), tool calls with their results, and decisions. `waits` are the open wait points
+    (approvals and questions) in the order they came, `waiting` the first of them, `end` the receipt
+    once the run settled. `replaces`, `replaced_by` and `forked_from` place the run in its thread
+    (run.start says them). */
 export class RunState {
   constructor(runId) {
     this.run_id = runId;
     this.last_seq = 0;
+    // Where the run stands in its thread: facts of the run, not of its events, so a rebuild
+    // (clear()) keeps them; its run.start says them again.
+    this.replaces = null;
+    this.replaced_by = null;
+    this.forked_from = null;
+    // Wait points this client saw decided (its own acks): a rebuild must not open them again. Kept
+    // across clear(): a decision stays made whatever the server lost.
+    this._settled = new Set();
     this.clear(null);
   }
 
   clear(status) {
     this.status = status;
     this.items = [];
+    this.waits = [];
     this.waiting = null;
     this.decisions = [];
     this.end = null;
@@ -134,12 +152,61 @@ export class RunState {
     return item;
   }
 
+  /** The open wait point `approvalId`, or null. */
+  wait(approvalId) {
+    return this.waits.find((wait) => wait.approval_id === approvalId) || null;
+  }
+
+  /** Closes the wait point `approvalId`, decided by this client (its ack came): no event says so
+      while another question of the same model call is still open. Whether it was open. */
+  settle(approvalId) {
+    this._settled.add(approvalId);
+    return this._close(approvalId);
+  }
+
+  _open(waiting) {
+    const index = this.waits.findIndex((wait) => wait.approval_id === waiting.approval_id);
+    if (index >= 0) this.waits[index] = waiting;
+    else this.waits.push(waiting);
+    this.waiting = this.waits[0];
+  }
+
+  _close(approvalId) {
+    const before = this.waits.length;
+    this.waits = this.waits.filter((wait) => wait.approval_id !== approvalId);
+    this.waiting = this.waits[0] || null;
+    return this.waits.length !== before;
+  }
+
+  _closeAll() {
+    this.waits = [];
+    this.waiting = null;
+  }
+
   _decided(decision) {
     if (!decision || this.decisions.some((d) => d.approval_id === decision.approval_id)) return;
     this.decisions.push(decision);
-    this.items.push({kind: "decision", ...decision});
-    if (this.waiting && this.waiting.approval_id === decision.approval_id) this.waiting = null;
+    // The item's `kind` is "decision": the wait point's own kind goes as `wait_kind`.
+    const {kind = "approval", ...rest} = decision;
+    this.items.push({...rest, kind: "decision", wait_kind: kind});
+    this._close(decision.approval_id);
   }
+}
+
+/** The waiting object of a run.waiting event. A server of a release before questions sends only
+    approval_id, tool_name, input and expires_at: its waits are approvals, never edited. */
+function waitingOf(event) {
+  return {
+    approval_id: event.approval_id,
+    kind: event.kind ?? "approval",
+    tool_name: event.tool_name,
+    input: event.input,
+    question: event.question ?? null,
+    answer_schema: event.answer_schema ?? null,
+    client: event.client ?? false,
+    editable: event.editable ?? false,
+    expires_at: event.expires_at,
+  };
 }
 
 const APPLY = {
@@ -151,11 +218,17 @@ const APPLY = {
   "run.start"(state, event) {
     // A replay of a waiting run starts with run.start and goes on to its run.waiting.
     state.status = event.status;
+    // A server of a release before branches sends none of these.
+    if ("replaces" in event) state.replaces = event.replaces ?? null;
+    if ("forked_from" in event) state.forked_from = event.forked_from ?? null;
+    // Null live: only a rebuild knows what replaced the run since; a null never unsays it.
+    if (event.replaced_by) state.replaced_by = event.replaced_by;
   },
   "run.resume"(state, event) {
     state.status = event.status;
     state._decided(event.decision);
-    state.waiting = null;
+    // A run resumes once every wait point of its model call is decided.
+    state._closeAll();
   },
   "input"(state, event) {
     // An execution that stopped before its model call was saved announces the input again.
@@ -188,29 +261,88 @@ const APPLY = {
     Object.assign(item, {output: event.output ?? null, error: event.error ?? null, done: true});
   },
   "run.waiting"(state, event) {
-    if (state.decisions.some((d) => d.approval_id === event.approval_id)) return;
+    const id = event.approval_id;
+    if (state._settled.has(id) || state.decisions.some((d) => d.approval_id === id)) return;
     state.status = "waiting";
-    const {approval_id, tool_name, input, expires_at} = event;
-    state.waiting = {approval_id, tool_name, input, expires_at};
+    state._open(waitingOf(event));
   },
   "run.end"(state, event) {
     state.status = event.status;
-    state.waiting = null;
+    state._closeAll();
     for (const decision of event.decisions || []) state._decided(decision);
     const {status, output, error, usage, inputs, decisions} = event;
     state.end = {status, output, error, usage, inputs, decisions};
   },
 };
 
-/** Every run of a thread: a RunState per run, in the order their first events came. */
+/** A thread's current branch, oldest first: the rule of chamvi_runs/core/branches.py, which the
+    server applies to the same runs. `runs` in creation order, each `{id (or run_id), replaces,
+    forked_from: {run_id, step} | null}` (run JSON, a thread's branch summaries, or RunStates). Each
+    run has a parent, the run whose history it goes on from: the run it was forked from (that run's
+    parent, for a fork at step -1), else the parent of the run it replaces (a regenerate or a resend
+    starts from where that run started), else the run created just before it. The branch is the
+    chain of parents from the newest run. */
+export function currentBranch(runs) {
+  if (!runs.length) return [];
+  const ids = runs.map((run) => run.id ?? run.run_id);
+  const position = new Map(ids.map((id, n) => [id, n]));
+  // A run's parent is created before it: in creation order, every parent is known when asked for.
+  const parent = new Map();
+  runs.forEach((run, n) => {
+    const fork = run.forked_from ?? null;
+    let up;
+    if (fork !== null) {
+      const inside = position.has(fork.run_id);
+      up = inside ? (fork.step === -1 ? parent.get(fork.run_id) : fork.run_id) : null;
+    } else if (run.replaces != null && position.has(run.replaces)) {
+      up = parent.get(run.replaces);
+    } else {
+      up = n > 0 ? ids[n - 1] : null;
+    }
+    parent.set(ids[n], up ?? null);
+  });
+  const chain = [];
+  const seen = new Set();
+  for (let at = ids.at(-1); at != null && !seen.has(at); at = parent.get(at)) {
+    seen.add(at);
+    chain.push(at);
+  }
+  return chain.reverse();
+}
+
+/** Every run of a thread: a RunState per run, in the order their first events came (the order the
+    server created them in: it replays a thread's runs oldest first, and streams new ones as they
+    start), and the thread's current branch among them. */
 export class ThreadState {
   constructor(thread) {
     this.thread = thread;
     this.runs = new Map();
+    this._branch = [];
+    this._onBranch = new Set();
   }
 
   run(runId) {
     return this.runs.get(runId) || null;
+  }
+
+  /** The ids of the runs on the current branch, oldest first (`currentBranch`); a new array each
+      time it changes. */
+  get branch() {
+    return this._branch;
+  }
+
+  onBranch(runId) {
+    return this._onBranch.has(runId);
+  }
+
+  runsOnBranch() {
+    return this._branch.map((id) => this.runs.get(id));
+  }
+
+  /** The runs a page shows: those of the current branch, or with `allBranches` every run, in the
+      order they came. */
+  list({allBranches = false} = {}) {
+    return allBranches ? [...this.runs.values()] : this.runsOnBranch();
   }
 
   /** Applies `event` to its run's state (created on its first event); returns that state if it
@@ -218,9 +350,89 @@ export class ThreadState {
   apply(event) {
     if (typeof event.run_id !== "string" || !APPLY[event.type]) return null;
     let state = this.runs.get(event.run_id);
-    if (!state) this.runs.set(event.run_id, (state = new RunState(event.run_id)));
-    return state.apply(event) ? state : null;
+    const added = !state;
+    if (added) this.runs.set(event.run_id, (state = new RunState(event.run_id)));
+    const changed = state.apply(event);
+    if (added || (changed && event.type === "run.start")) this._placed(state);
+    return changed ? state : null;
   }
+
+  /** The run `runId` a regenerate or a resend just started (its ack), before any of its events:
+      queued, replacing `replaces`. Returns its state, or null when the thread has it already. */
+  expect(runId, {replaces = null} = {}) {
+    if (this.runs.has(runId)) return null;
+    const state = new RunState(runId);
+    Object.assign(state, {status: "queued", replaces});
+    this.runs.set(runId, state);
+    this._placed(state);
+    return state;
+  }
+
+  /** `state` is new, or said its place in the thread: the run it replaces is replaced by it (unless
+      by a newer one), and the branch is computed again. */
+  _placed(state) {
+    const old = state.replaces === null ? undefined : this.runs.get(state.replaces);
+    if (old && !this._newer(old.replaced_by, state.run_id)) old.replaced_by = state.run_id;
+    const branch = currentBranch([...this.runs.values()]);
+    if (branch.length !== this._branch.length || branch.some((id, n) => id !== this._branch[n])) {
+      this._branch = branch;
+      this._onBranch = new Set(branch);
+    }
+  }
+
+  /** Whether `runId` is a newer run than `than`: one that came later, or one this client was not
+      shown (a rebuild's `replaced_by`: the server knows the newest). */
+  _newer(runId, than) {
+    if (!runId) return false;
+    const ids = [...this.runs.keys()];
+    return !this.runs.has(runId) || ids.indexOf(runId) > ids.indexOf(than);
+  }
+}
+
+/** Reports an error of the page's own code (a listener, a client tool) without stopping the client. */
+function report(error) {
+  if (typeof globalThis.reportError === "function") globalThis.reportError(error);
+  else setTimeout(() => { throw error; });
+}
+
+/** Why `answer` cannot be sent as a question's answer (a value JSON would drop), or null. */
+function notAnAnswer(answer) {
+  const type = typeof answer;
+  if (answer === undefined || type === "function" || type === "symbol") {
+    return new ChamviError("invalid_message", `an answer is a JSON value, not ${type}`);
+  }
+  return null;
+}
+
+/** Why `payload` cannot be sent as a resend's payload, or null (the server refuses `null`). */
+function notAPayload(payload) {
+  const type = typeof payload;
+  if (payload === undefined || type === "function" || type === "symbol") {
+    return new ChamviError("invalid_message", `a payload is a JSON value, not ${type}`);
+  }
+  return null;
+}
+
+/** Why `body` cannot be sent as JSON (a BigInt, a cycle), or null. */
+function notJson(body) {
+  try {
+    JSON.stringify(body);
+    return null;
+  } catch (error) {
+    return new ChamviError("invalid_message", `the request cannot be sent as JSON: ${error.message}`);
+  }
+}
+
+/** Why `args` cannot be sent as an approval's edited arguments, or null; null and undefined send none. */
+function notArguments(args) {
+  if (args == null || (typeof args === "object" && !Array.isArray(args))) return null;
+  // The server's code for arguments that are not an object: the page handles one refusal, not two.
+  return new ChamviError("invalid_arguments", "arguments: the edited arguments are an object of the tool's arguments");
+}
+
+/** The fields of an approve or deny besides its approval id. */
+function decisionFields(reason, args) {
+  return {...(reason ? {reason} : {}), ...(args != null ? {arguments: args} : {})};
 }
 
 function csrfFromCookie() {
@@ -267,6 +479,9 @@ class Connection {
     this.closing = new AbortController();  // aborted by close(): the HTTP commands in flight
     this.pending = [];  // commands sent on the open socket, answered in order
     this.outbox = [];  // commands waiting for the socket to open
+    this.clientTools = new Map();  // tool name -> the page's handler (onClientTool)
+    this.toolCalls = new Set();  // approval ids of questions handed to a handler: each once
+    this.toolTimer = null;  // the next hand-over of questions to the client tools' handlers
   }
 
   /** `on(name, listener)`: `"event"` (every new event: listener(event, state)), an event type such
@@ -285,8 +500,7 @@ class Connection {
         listener(...args);
       } catch (error) {
         // A page's listener that throws must not stop the stream, nor the other listeners.
-        if (typeof globalThis.reportError === "function") globalThis.reportError(error);
-        else setTimeout(() => { throw error; });
+        report(error);
       }
     }
   }
@@ -469,6 +683,8 @@ class Connection {
   stopTimers() {
     clearTimeout(this.timer);
     clearTimeout(this.steady);
+    clearTimeout(this.toolTimer);
+    this.toolTimer = null;
   }
 
   retry(reconnect, code) {
@@ -584,11 +800,128 @@ class Connection {
     }
   }
 
-  decide(action, approvalId, reason) {
+  /** Approves or denies `approvalId`; `args`, when given, are the arguments approved instead of the
+      model's. */
+  decide(action, approvalId, reason, args) {
     if (!approvalId) return Promise.reject(new ChamviError("not_found", "no open approval to decide"));
-    const message = {type: action, approval_id: approvalId, ...(reason ? {reason} : {})};
+    const refused = notArguments(args);
+    if (refused) return Promise.reject(refused);
+    const fields = decisionFields(reason, args);
     const path = `api/approvals/${encodeURIComponent(approvalId)}/${action}/`;
-    return this.command(message, {path, body: reason ? {reason} : {}, ack: () => ({action, approval_id: approvalId})});
+    return this.conclude({type: action, approval_id: approvalId, ...fields}, {path, body: fields, action});
+  }
+
+  /** Answers the question `approvalId` with `answer` (any JSON value). */
+  sendAnswer(approvalId, answer) {
+    if (!approvalId) return Promise.reject(new ChamviError("not_found", "no open question to answer"));
+    const refused = notAnAnswer(answer);
+    if (refused) return Promise.reject(refused);
+    const path = `api/approvals/${encodeURIComponent(approvalId)}/answer/`;
+    return this.conclude({type: "answer", approval_id: approvalId, answer}, {path, body: {answer}, action: "answer"});
+  }
+
+  /** Sends a decision or an answer. Once the server took it (or said the wait point was decided
+      already, or expired) the wait point is closed in the state: no event says so while other
+      questions of the same model call keep the run waiting. */
+  conclude(message, {path, body, action}) {
+    const approvalId = message.approval_id;
+    const ack = () => ({action, approval_id: approvalId});
+    return this.command(message, {path, body, ack}).then(
+      (reply) => {
+        this.closeWait(approvalId);
+        return reply;
+      },
+      (error) => {
+        if (NOT_OPEN.has(error.code)) this.closeWait(approvalId);
+        throw error;
+      },
+    );
+  }
+
+  /** Regenerates (`action` "regenerate") or resends (with `fields.payload`) the settled run `runId`:
+      the server starts a new run of its thread from the history `runId` started from. Resolves with
+      `{action, run_id, replaces}`: `run_id` is the new run. */
+  again(action, runId, fields) {
+    if (this.closing.signal.aborted) return Promise.reject(new ChamviError("closed", "the client was closed"));
+    const refused = notJson(fields);
+    if (refused) return Promise.reject(refused);
+    const path = `api/runs/${encodeURIComponent(runId)}/${action}/`;
+    const ack = (data) => ({action, run_id: data.id, replaces: data.replaces ?? runId});
+    const http = {path, body: fields, ack};
+    const message = {type: action, ...this.naming(runId), ...fields};
+    const sent = this.overSocket(runId) ? this.command(message, http) : this.postCommand(http);
+    return sent.then((reply) => {
+      this.replaced(reply);
+      return reply;
+    });
+  }
+
+  closeWait(approvalId) {
+    const state = this.stateOf(approvalId);
+    if (state && state.settle(approvalId)) this.emit("change", state);
+  }
+
+  /** `onClientTool(name, handler)`: each open question of the client tool `name` (a wait of kind
+      "input" with `client`), live, replayed or open already, is handed to `handler(input, waiting)`
+      once per approval id, and its result (awaited; undefined sends null) is sent as the answer. A
+      handler that throws (or rejects) sends nothing: its error is reported (`reportError`), as is
+      a refused answer, and the question stays open for `answer()`. Returns a function that
+      removes the handler. */
+  onClientTool(name, handler) {
+    this.clientTools.set(name, handler);
+    this.scheduleClientTools();
+    return () => {
+      if (this.clientTools.get(name) === handler) this.clientTools.delete(name);
+    };
+  }
+
+  /** Hands the open questions to their handlers in a later task, not on their run.waiting: the
+      events that came with it are taken first, so that a replay's run.resume closes a question
+      answered long ago before a handler is called for it. */
+  scheduleClientTools() {
+    if (this.toolTimer !== null || this.clientTools.size === 0 || this.closed) return;
+    this.toolTimer = setTimeout(() => {
+      this.toolTimer = null;
+      this.callClientTools();
+    }, 0);
+  }
+
+  callClientTools() {
+    if (this.closed) return;
+    for (const wait of this.openWaits()) {
+      const handler = this.clientTools.get(wait.tool_name);
+      if (!handler || wait.kind !== "input" || wait.client !== true || this.toolCalls.has(wait.approval_id)) continue;
+      this.toolCalls.add(wait.approval_id);
+      this.callClientTool(handler, wait);
+    }
+  }
+
+  async callClientTool(handler, wait) {
+    let result;
+    try {
+      result = await handler(wait.input, wait);
+    } catch (error) {
+      report(error);
+      return;
+    }
+    await this.answerFor(wait.approval_id, result === undefined ? null : result);
+  }
+
+  /** Sends a client tool's answer; one lost with its connection goes again on the next socket (if
+      the first arrived after all, the second is refused with already_decided, which is no error). */
+  async answerFor(approvalId, answer) {
+    for (let attempt = 1; ; attempt++) {
+      try {
+        await this.sendAnswer(approvalId, answer);
+        return;
+      } catch (error) {
+        // The client stopped (close(), the run ended): there is nobody to answer any more.
+        if (this.closed) return;
+        if (error.code === "connection_lost" && attempt < CLIENT_TOOL_ATTEMPTS) continue;
+        if (!(attempt > 1 && error.code === "already_decided")) report(error);
+        return;
+      }
+    }
   }
 }
 
@@ -648,18 +981,63 @@ async function postJson(options, path, body, signal = null) {
   return data;
 }
 
-/** Decides an approval over the HTTP API, without a socket: `decision` is "approve" or "deny".
-    With `token` (the notifier's link) no session is needed. Resolves with the wait point's JSON;
+/** Decides an approval over the HTTP API, without a socket: `decision` is "approve" or "deny";
+    an approval may give `arguments`, those approved instead of the model's (`invalid_arguments`,
+    `not_editable` 400). With `token` (the notifier's link) no session is needed. Resolves with the wait point's JSON;
     rejects with a ChamviError (`already_decided` 409, `expired` 410, `not_found`, `forbidden`), or
     `timeout` after `commandTimeout` ms, when the request is aborted (the decision may have been
     recorded: deciding again is refused with `already_decided`). */
-export function decideApproval(approvalId, decision, {reason = "", token = null, ...options} = {}) {
+export function decideApproval(approvalId, decision, {reason = "", token = null, arguments: args, ...options} = {}) {
   if (decision !== "approve" && decision !== "deny") {
     return Promise.reject(new ChamviError("invalid_message", `decision is "approve" or "deny", not ${decision}`));
   }
-  const body = {...(reason ? {reason} : {}), ...(token ? {token} : {})};
-  const path = `api/approvals/${encodeURIComponent(approvalId)}/${decision}/`;
-  return postJsonWithin(defaults(options), path, body);
+  if (decision === "deny" && args != null) {
+    return Promise.reject(new ChamviError("invalid_message", "only an approval takes edited arguments"));
+  }
+  const body = {...decisionFields(reason, args), ...(token ? {token} : {})};
+  return postAt(approvalId, decision, body, notArguments(args), options);
+}
+
+/** Answers the question `approvalId` over the HTTP API, without a socket: `answer` is any JSON
+    value, checked by the server against the question's `answer_schema`. With `token` (the
+    notifier's link) no session is needed. Resolves with the wait point's JSON; rejects with a
+    ChamviError (`invalid_answer` 400, `wrong_kind` 409 for an approval, `already_decided`,
+    `expired`, `not_found`, `forbidden`), or `timeout` after `commandTimeout` ms. */
+export function answerQuestion(approvalId, answer, {token = null, ...options} = {}) {
+  return postAt(approvalId, "answer", {answer, ...(token ? {token} : {})}, notAnAnswer(answer), options);
+}
+
+/** Regenerates the settled run `runId` over the HTTP API, without a socket: a new run of its thread,
+    from the history `runId` started from, with its trigger. Resolves with the new run's JSON (its
+    `id`, `replaces`, …); rejects with a ChamviError (`run_active` 409, `history_unavailable` 409,
+    `forbidden` or `thread_forbidden` 403, `not_found` 404), or `timeout` after `commandTimeout` ms
+    (the run may have been started). */
+export function regenerateRun(runId, options = {}) {
+  return postAgain(runId, "regenerate", {}, null, options);
+}
+
+/** Resends over the HTTP API: as `regenerateRun`, with `payload` as the new run's trigger payload
+    (an edited message). */
+export function resendRun(runId, payload, options = {}) {
+  return postAgain(runId, "resend", {payload}, notAPayload(payload), options);
+}
+
+function postAgain(runId, action, body, refused, options) {
+  const stopped = refused || notJson(body);
+  if (stopped) return Promise.reject(stopped);
+  return postJsonWithin(defaults(options), `api/runs/${encodeURIComponent(runId)}/${action}/`, body);
+}
+
+/** POSTs `body` to the wait point's `action`, unless `refused` says why not; a body that cannot be
+    sent as JSON rejects at once with `invalid_message`, before any request. */
+function postAt(approvalId, action, body, refused, options) {
+  if (refused) return Promise.reject(refused);
+  try {
+    JSON.stringify(body);
+  } catch (error) {
+    return Promise.reject(new ChamviError("invalid_message", `the request cannot be sent as JSON: ${error.message}`));
+  }
+  return postJsonWithin(defaults(options), `api/approvals/${encodeURIComponent(approvalId)}/${action}/`, body);
 }
 
 /** Parses a Server-Sent Events body, calling `onEvent` with each event's JSON data until it returns
@@ -718,8 +1096,22 @@ export class RunClient extends Connection {
     this.emit("event", event, this.state);
     this.emit(event.type, event, this.state);
     this.emit("change", this.state);
+    if (event.type === "run.waiting") this.scheduleClientTools();
     if (event.type === "run.end") this.finish();
     return true;
+  }
+
+  stateOf() {
+    return this.state;
+  }
+
+  openWaits() {
+    return this.state.waits;
+  }
+
+  /** The first open wait point of `kind`'s approval id. */
+  firstWait(kind) {
+    return this.state.waits.find((wait) => wait.kind === kind)?.approval_id;
   }
 
   /** Steers the run: resolves with `{action: "input", input_id}`. */
@@ -735,13 +1127,53 @@ export class RunClient extends Connection {
     return this.command({type: "cancel"}, {path, body: {}, ack: (data) => ({action: "cancel", status: data.status})});
   }
 
-  /** Approves the open approval (or `approvalId`). */
-  approve({approvalId = this.state.waiting?.approval_id, reason = ""} = {}) {
-    return this.decide("approve", approvalId, reason);
+  /** Approves the open approval (or `approvalId`); with `arguments`, those instead of the model's. */
+  approve({approvalId = this.firstWait("approval"), reason = "", arguments: args} = {}) {
+    return this.decide("approve", approvalId, reason, args);
   }
 
-  deny({approvalId = this.state.waiting?.approval_id, reason = ""} = {}) {
+  deny({approvalId = this.firstWait("approval"), reason = ""} = {}) {
     return this.decide("deny", approvalId, reason);
+  }
+
+  /** Answers the first open question (or `approvalId`): resolves with `{action: "answer",
+      approval_id}`. */
+  answer({approvalId = this.firstWait("input"), answer} = {}) {
+    return this.sendAnswer(approvalId, answer);
+  }
+
+  /** Answers again: a new run of the thread from the history the settled run (this one, or
+      `runId`) started from, with its trigger. Resolves with `{action: "regenerate", run_id,
+      replaces}`; this client goes on following its own run only. */
+  regenerate({runId = this.runId} = {}) {
+    return this.again("regenerate", runId, {});
+  }
+
+  /** Edits an earlier message: as `regenerate`, with `payload` as the new run's trigger payload. */
+  resend({runId = this.runId, payload} = {}) {
+    return notAPayload(payload) ? Promise.reject(notAPayload(payload)) : this.again("resend", runId, {payload});
+  }
+
+  /** Its own run goes over the socket while it is open; once the run has ended (the only time it
+      can be regenerated) the socket is gone, and the HTTP API takes the command, as it takes
+      another run's. */
+  overSocket(runId) {
+    return runId === this.runId && !this.settledAndGone();
+  }
+
+  settledAndGone() {
+    return this.closed && this.done() && !this.error && !this.closing.signal.aborted;
+  }
+
+  naming() {
+    // The socket's own run: named by the socket, as input and cancel are.
+    return {};
+  }
+
+  replaced({run_id: newRun, replaces}) {
+    if (replaces !== this.runId) return;
+    this.state.replaced_by = newRun;
+    this.emit("change", this.state);
   }
 }
 
@@ -749,12 +1181,15 @@ export class RunClient extends Connection {
     websocket only: the thread has no Server-Sent Events stream. */
 export class ThreadClient extends Connection {
   constructor(thread, options = {}) {
-    const {scope, ...rest} = options;
+    const {scope, allBranches, ...rest} = options;
     super(rest);
     this.thread = thread;
     // Which user's thread of this name: none, the user's own (or, failing that, the site's global
     // one); a thread page passes the scope of the thread it shows.
     this.scope = typeof scope === "string" ? scope : null;
+    // Whether the page is told of every run, or of the current branch's only (the default).
+    this.allBranches = allBranches === true;
+    this.announced = new Set();  // runs the "run" listeners were told of
     this.state = new ThreadState(thread);
   }
 
@@ -785,14 +1220,63 @@ export class ThreadClient extends Connection {
   }
 
   receive(event) {
+    const branch = this.state.branch;
     const known = this.state.runs.has(event.run_id);
     const state = this.state.apply(event);
     if (!state) return false;
-    if (!known) this.emit("run", state);
-    this.emit("event", event, state);
-    this.emit(event.type, event, state);
-    this.emit("change", state);
+    if (this.shows(state.run_id)) {
+      this.announce(state);
+      this.emit("event", event, state);
+      this.emit(event.type, event, state);
+      this.emit("change", state);
+    }
+    if (!known || event.type === "run.start") this.placed(state, branch);
+    if (event.type === "run.waiting") this.scheduleClientTools();
     return true;
+  }
+
+  /** The runs a page shows, in order: the current branch's, or every run with `allBranches`. */
+  runs() {
+    return this.state.list({allBranches: this.allBranches});
+  }
+
+  /** Whether the page is told of the run `runId`'s events. */
+  shows(runId) {
+    return this.allBranches || this.state.onBranch(runId);
+  }
+
+  announce(state) {
+    if (this.announced.has(state.run_id)) return;
+    this.announced.add(state.run_id);
+    this.emit("run", state);
+  }
+
+  /** `state` said its place in the thread (run.start, or the ack that started it): the run it
+      replaces changed, and the branch may have moved (from `before`). Runs back on the branch are
+      told again, since their events were not while they were off it. */
+  placed(state, before) {
+    const old = state.replaces === null ? null : this.state.run(state.replaces);
+    if (old && this.shows(old.run_id)) this.emit("change", old);
+    const branch = this.state.branch;
+    if (branch === before) return;
+    this.emit("branch", branch, this.state);
+    if (this.allBranches) return;
+    const had = new Set(before);
+    for (const id of branch) {
+      if (had.has(id) || id === state.run_id) continue;
+      const back = this.state.run(id);
+      this.announce(back);
+      this.emit("change", back);
+    }
+  }
+
+  /** The run whose wait point `approvalId` is open. */
+  stateOf(approvalId) {
+    return [...this.state.runs.values()].find((run) => run.wait(approvalId)) || null;
+  }
+
+  openWaits() {
+    return [...this.state.runs.values()].flatMap((run) => run.waits);
   }
 
   input(runId, payload) {
@@ -803,12 +1287,52 @@ export class ThreadClient extends Connection {
     return this.command({type: "cancel", run_id: runId}, null);
   }
 
-  approve(approvalId, {reason = ""} = {}) {
-    return this.decide("approve", approvalId, reason);
+  approve(approvalId, {reason = "", arguments: args} = {}) {
+    return this.decide("approve", approvalId, reason, args);
   }
 
   deny(approvalId, {reason = ""} = {}) {
     return this.decide("deny", approvalId, reason);
+  }
+
+  /** Answers the question `approvalId` of one of the thread's runs. */
+  answer({approvalId, answer} = {}) {
+    return this.sendAnswer(approvalId, answer);
+  }
+
+  /** Answers again: a new run of the thread from the history the settled run `runId` started from,
+      with its trigger. Resolves with `{action: "regenerate", run_id, replaces}`; the new run is in
+      the state (queued, on the branch) by then, and the socket streams it. */
+  regenerate({runId} = {}) {
+    if (!runId) return Promise.reject(new ChamviError("invalid_message", "on a thread, regenerate names its run: {runId}"));
+    return this.again("regenerate", runId, {});
+  }
+
+  /** Edits the message that started the settled run `runId`: as `regenerate`, with `payload` as the
+      new run's trigger payload; the runs after `runId` leave the branch. */
+  resend({runId, payload} = {}) {
+    if (!runId) return Promise.reject(new ChamviError("invalid_message", "on a thread, resend names its run: {runId}"));
+    return notAPayload(payload) ? Promise.reject(notAPayload(payload)) : this.again("resend", runId, {payload});
+  }
+
+  overSocket() {
+    return true;
+  }
+
+  naming(runId) {
+    return {run_id: runId};
+  }
+
+  replaced({run_id: runId, replaces}) {
+    const before = this.state.branch;
+    const state = this.state.expect(runId, {replaces});
+    // Null: its run.start came before the ack, and told all of it.
+    if (!state) return;
+    if (this.shows(runId)) {
+      this.announce(state);
+      this.emit("change", state);
+    }
+    this.placed(state, before);
   }
 }
 

@@ -1,7 +1,10 @@
 /* The run page (templates/chamvi_runs/run.html): the run's conversation as it streams, its open
-   approval, its decisions, and the controls to steer, cancel and decide. */
+   approval and questions, its decisions, and the controls to steer, cancel, decide (an approver may
+   edit the arguments first) and answer. */
 import {connectRun} from "./client.js";
-import {Conversation, decisionItem, el, pretty} from "./render.js";
+import {
+  Conversation, argumentsEditor, decisionItem, editedArguments, el, markEdits, onAnswers, pretty, questionBox,
+} from "./render.js";
 
 const page = JSON.parse(document.getElementById("chamvi-page").textContent);
 const $ = (id) => document.getElementById(id);
@@ -23,17 +26,29 @@ const client = connectRun(page.run_id, {base: page.base, csrfToken});
 const conversation = new Conversation($("log"));
 const decided = new Set([...$("decisions").querySelectorAll("li.decision")].map((li) => li.dataset.approvalId));
 
-function waitingBox() {
-  return $("waiting").querySelector("[data-approval-id]");
+// Wait points the stream showed open: a box of one of them goes once it is no longer open (answered,
+// decided, the run resumed). A box the server drew stays through a replay until the replay has it.
+const seenOpen = new Set();
+
+function boxes() {
+  return [...$("waiting").querySelectorAll(".wait")];
 }
 
-function drawWaiting(waiting) {
-  const box = el("div", "bubble approval");
+function boxOf(approvalId) {
+  return boxes().find((box) => box.dataset.approvalId === approvalId) || null;
+}
+
+function approvalBox(waiting) {
+  const box = el("div", "bubble approval wait");
   box.dataset.approvalId = waiting.approval_id;
+  box.dataset.kind = "approval";
   box.append(el("strong", "", "Approval needed:"), " ", el("span", "tool-name", waiting.tool_name), el("pre", "", pretty(waiting.input)));
   if (page.can_decide) {
-    const reason = el("textarea");
-    Object.assign(reason, {id: "reason", rows: 2, cols: 50, placeholder: "reason (optional)"});
+    if (waiting.editable) box.append(argumentsEditor(waiting.input));
+    const reason = el("textarea", "reason");
+    Object.assign(reason, {rows: 2, cols: 50, placeholder: "reason (optional)"});
+    // The page's first approval box keeps the id pages and tests know it by.
+    if (!document.getElementById("reason")) reason.id = "reason";
     box.append(reason, el("br"));
     for (const [action, label] of [["approve", "Approve"], ["deny", "Deny"]]) {
       const button = el("button", "", label);
@@ -41,10 +56,27 @@ function drawWaiting(waiting) {
       button.dataset.action = action;
       box.append(button, " ");
     }
+    box.append(el("span", "decide-error"));
   } else {
     box.append(el("p", "muted", "Someone with the permission to decide approvals must approve or deny it."));
   }
-  $("waiting").replaceChildren(box);
+  return box;
+}
+
+function drawWaits(state) {
+  const waits = state.waits || (state.waiting ? [state.waiting] : []);
+  const open = new Set(waits.map((w) => w.approval_id));
+  for (const id of open) seenOpen.add(id);
+  for (const box of boxes()) {
+    const id = box.dataset.approvalId;
+    if (decided.has(id) || state.ended || (seenOpen.has(id) && !open.has(id))) box.remove();
+  }
+  for (const waiting of waits) {
+    if (decided.has(waiting.approval_id) || boxOf(waiting.approval_id)) continue;
+    $("waiting").append(waiting.kind === "input"
+      ? questionBox(waiting, {canAnswer: page.can_answer})
+      : approvalBox(waiting));
+  }
 }
 
 function render(state) {
@@ -56,13 +88,7 @@ function render(state) {
     for (const placeholder of $("decisions").querySelectorAll(".no-decisions")) placeholder.remove();
     $("decisions").append(decisionItem(decision));
   }
-  // The box the server drew (a reason may be typed in it) stays through a replay that comes to the
-  // same approval; it goes once that approval is decided or the run has ended.
-  const box = waitingBox();
-  if (box && (decided.has(box.dataset.approvalId) || state.ended)) $("waiting").replaceChildren();
-  if (state.waiting && !decided.has(state.waiting.approval_id) && waitingBox()?.dataset.approvalId !== state.waiting.approval_id) {
-    drawWaiting(state.waiting);
-  }
+  drawWaits(state);
   recheck(state);
   if (state.end) {
     const error = state.end.error;
@@ -79,26 +105,51 @@ function refused(error) {
 
 $("waiting").addEventListener("click", (click) => {
   const button = click.target.closest("button[data-action]");
-  const box = waitingBox();
+  const box = button?.closest(".wait");
   if (!button || !box) return;
-  const reason = box.querySelector("#reason, textarea, input");
-  for (const b of box.querySelectorAll("button")) b.disabled = true;
+  const approvalId = box.dataset.approvalId;
   const action = button.dataset.action;
-  client[action]({approvalId: box.dataset.approvalId, reason: reason ? reason.value : ""}).then(
+  const error = box.querySelector(".decide-error");
+  let edit = {};
+  try {
+    if (action === "approve") edit = editedArguments(box);
+  } catch (refusal) {
+    if (error) error.textContent = refusal.message;
+    return;
+  }
+  if (error) error.textContent = "";
+  const reason = box.querySelector(".reason");
+  for (const b of box.querySelectorAll("button")) b.disabled = true;
+  client[action]({approvalId, reason: reason ? reason.value : "", ...edit}).then(
     () => {
-      const approvalId = box.dataset.approvalId;
-      $("waiting").replaceChildren();
+      box.remove();
+      const verb = action === "deny" ? "Denied" : edit.arguments === undefined ? "Approved" : "Approved with your changes";
       // Until the run ends, or waits on another approval.
-      notice(`${action === "approve" ? "Approved" : "Denied"}: the run goes on.`,
+      notice(`${verb}: the run goes on.`,
         (s) => !s.ended && (!s.waiting || s.waiting.approval_id === approvalId));
     },
-    (error) => {
-      refused(error);
-      if (["already_decided", "expired", "not_found"].includes(error.code)) $("waiting").replaceChildren();
+    (failure) => {
+      // Arguments that do not fit the tool are said beside them: the approver fixes them there.
+      if (error && ["invalid_arguments", "not_editable"].includes(failure.code)) {
+        error.textContent = `${failure.code}: ${failure.message}`;
+      } else {
+        refused(failure);
+      }
+      if (["already_decided", "expired", "not_found"].includes(failure.code)) box.remove();
       else for (const b of box.querySelectorAll("button")) b.disabled = false;
     },
   );
 });
+markEdits($("waiting"), (box) => box?.querySelector("button[data-action=approve]"));
+
+onAnswers($("waiting"), (approvalId, answer) => client.answer({approvalId, answer}).then(() => {
+  const open = client.state.waits || [];
+  const others = open.filter((w) => w.kind === "input" && !w.client).length;
+  const known = new Set(open.map((w) => w.approval_id));
+  // Until the run ends or opens another wait point.
+  notice(others ? "Answered: the run goes on once the other questions are answered." : "Answered: the run goes on.",
+    (s) => !s.ended && (s.waits || []).every((w) => known.has(w.approval_id)));
+}));
 
 $("input-form")?.addEventListener("submit", (submit) => {
   submit.preventDefault();
