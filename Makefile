@@ -15,7 +15,7 @@ DEV := $(VENV)/.installed-dev-$(CKSUM)
 HOST_PIP := $(shell $(PYTHON) -m pip --help 2>/dev/null | grep -q -- '--python <python>' && echo yes)
 PIP := $(if $(HOST_PIP),$(PYTHON) -m pip --python $(PY),$(PY) -m pip)
 
-.PHONY: demo test test-django6 soak bench bench-overhead worker tick clean screenshots
+.PHONY: demo test test-django6 soak bench bench-overhead bench-long worker tick clean screenshots
 
 $(PY):
 	$(PYTHON) -m venv $(if $(HOST_PIP),--without-pip) $(VENV)
@@ -80,6 +80,10 @@ bench: $(DEV)
 # The engine's in-process overhead against the bare openai client (docs/performance.md).
 bench-overhead: $(DEV)
 	$(PY) bench/overhead.py
+
+# A step's cost as a run grows to 20, 100 and 200 tool turns (docs/performance.md).
+bench-long: $(DEV)
+	$(PY) bench/long_run.py
 
 worker: $(BASE)
 	$(PY) manage.py rqworker chamvi

@@ -35,6 +35,7 @@ RUNNERS = [
     ROOT / "tests" / "test_docs_samples.py",
     ROOT / "tests" / "test_fresh_site.py",
     ROOT / "tests" / "test_docs_first_hour.py",
+    ROOT / "tests" / "test_docs_conversation.py",
     ROOT / "tests" / "test_websocket_token.py",
     ROOT / "tests" / "docsamples" / "site.py",
     ROOT / "tests" / "docsamples" / "myapp.py",

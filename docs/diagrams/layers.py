@@ -32,7 +32,7 @@ STYLE = {
 # Top to bottom; each may import every layer below it, never one above.
 LAYERS = [
     ("web/", "HTTP API, pages, SSE, websocket consumers"),
-    ("api.py", "start_run, send_input, cancel_run, approve, deny"),
+    ("api.py", "start_run, send_input, answer, approve, regenerate, …"),
     ("runtime/", "engine, tool_calls, lease_keeper, lifecycle, janitor"),
     ("dispatch/ · streaming/ · agents/", "doorbell, threads · events, replay · Agent, @tool"),
     ("store/", "the only writer of run state"),
