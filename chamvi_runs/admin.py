@@ -31,7 +31,7 @@ from .web.admin_lists import AgentFilter, LatestRows, StepColumns, Storable, run
 from .web.approvals import decide
 from .web.auth import create_token
 from .web.errors import ApiError
-from .web.views_pages import answer_text, argument_changes
+from .web.wait_display import answer_text, argument_changes
 
 
 class ReadOnly:

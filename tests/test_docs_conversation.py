@@ -10,6 +10,8 @@ from __future__ import annotations
 import inspect
 import json
 import re
+import shutil
+import subprocess
 import sys
 import types
 from collections.abc import Iterator
@@ -32,7 +34,7 @@ from chamvi_runs.runtime.start_point import FORKED_BEFORE
 from chamvi_runs.runtime.tool_calls import NO_ANSWER
 from chamvi_runs.store import Retention, prune
 from chamvi_runs.testing import ScriptedModel, ScriptedTurn
-from chamvi_runs.web.views_pages import answer_form
+from chamvi_runs.web.wait_display import answer_form
 from tests.docsamples import ROOT, block, load_module
 from tests.docsamples.myapp import installed
 from tests.helpers import events, execute, make_user
@@ -675,3 +677,53 @@ def test_a_fork_starts_from_a_run_the_prune_keeps_else_fails_history_unavailable
     Run.objects.filter(pk=source.pk)._raw_delete(Run.objects.db)
     fork = execute(fork)
     assert (fork.status, fork.error_code) == ("failed", "history_unavailable")
+
+
+CLIENT_TOOL_HARNESS = """
+import {readFileSync} from "node:fs";
+import {connectRun} from "%(client)s";
+import {FakeWebSocket, LOCATION, fastBackoff, waitFor} from "%(fakes)s";
+
+const options = {WebSocket: FakeWebSocket, location: LOCATION, backoff: fastBackoff()};
+const client = connectRun("run_locale", options);
+const socket = FakeWebSocket.last;
+socket.open();
+const sample = readFileSync(process.argv[2], "utf8");
+const AsyncFunction = Object.getPrototypeOf(async function () {}).constructor;
+await new AsyncFunction("client", "navigator", sample)(client, {language: "fr-FR"});
+socket.message({type: "run.start", run_id: "run_locale", seq: 1, status: "running"});
+socket.message({
+  type: "run.waiting", run_id: "run_locale", seq: 2, approval_id: "apr_locale", kind: "input",
+  tool_name: "browser_locale", input: {question: ""}, question: null, answer_schema: null, client: true,
+  editable: false, expires_at: null,
+});
+await waitFor(() => socket.sent.length === 1, "the answer");
+console.log(JSON.stringify(socket.sent));
+client.close();
+"""
+
+
+@pytest.mark.timeout(60)
+def test_the_client_tool_sample_answers_the_question_with_the_browsers_locale(tmp_path: Any) -> None:
+    """docs/chat-client.md's client tool, run by Node on the real client.js: the page's code answers
+    the run's question of the test agents' ``browser_locale`` tool, without the user."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    harness = tmp_path / "harness.mjs"
+    harness.write_text(
+        CLIENT_TOOL_HARNESS
+        % {
+            "client": (ROOT / "chamvi_runs" / "static" / "chamvi_runs" / "client.js").as_uri(),
+            "fakes": (ROOT / "tests" / "js" / "fakes.mjs").as_uri(),
+        }
+    )
+    code = tmp_path / "sample.js"
+    code.write_text(block("chat-client-tool"))
+    done = subprocess.run(
+        [node, str(harness), str(code)], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    sent = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(sent) == 1 and sent[0]["type"] == "answer" and sent[0]["approval_id"] == "apr_locale"
+    assert sent[0]["answer"]["locale"] == "fr-FR" and sent[0]["answer"]["time_zone"]

@@ -4,9 +4,11 @@ the model was sent. Against the real PostgreSQL, with the scripted model recordi
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import threading
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -188,18 +190,29 @@ def test_a_run_without_thread_starts_from_nothing(server):
     assert checkpoint(run).history(0) == sent(server)[0] + [checkpoint(run).history()[1]]
 
 
-def test_a_save_after_the_executions_first_adds_parts_and_leaves_the_whole_history_where_it_was(
-    server, monkeypatch
-):
-    # Every history counts as long here: a step writes its parts only.
-    monkeypatch.setattr(histories, "WHOLE_UNTIL", 0)
-    replies = turns(3)
-    held = Held(replies, held=2)
+@contextlib.contextmanager
+def paused_after_two_model_calls(server) -> Iterator[Run]:
+    """A run of three tool turns, held while its third model call is made (steps 0-4 saved); it
+    completes when the block ends."""
+    held = Held(turns(3), held=2)
     server.respond(MODEL, held)
     run = start_run("basic", "go on")
     worker = execute_in_background(run.pk)
     try:
         assert held.reached.wait(20), "the third model call never came"
+        yield run
+    finally:
+        held.go.set()
+        worker.join(30)
+    assert Run.objects.get(pk=run.pk).status == "completed"
+
+
+def test_a_save_after_the_executions_first_adds_parts_and_leaves_the_whole_history_where_it_was(
+    server, monkeypatch
+):
+    # Every history counts as long here: a step writes its parts only.
+    monkeypatch.setattr(histories, "WHOLE_UNTIL", 0)
+    with paused_after_two_model_calls(server) as run:
         # Two model calls and their tools are saved (steps 0-4); only the first save wrote the
         # whole history.
         mid = checkpoint(run)
@@ -209,11 +222,6 @@ def test_a_save_after_the_executions_first_adds_parts_and_leaves_the_whole_histo
         assert mid.history() == sent(server)[2]
         assert [len(s.messages) for s in steps_of(run)] == [2, 1, 1, 1, 1]
         assert mid.history(1) == mid.messages and mid.history(2) == sent(server)[2][:4]
-    finally:
-        held.go.set()
-        worker.join(30)
-    run = Run.objects.get(pk=run.pk)
-    assert run.status == "completed"
     # Settled: the whole history is written at the last step.
     done = checkpoint(run)
     assert (done.whole_step, done.whole_length, done.step_index) == (7, len(done.messages), 7)
@@ -222,20 +230,10 @@ def test_a_save_after_the_executions_first_adds_parts_and_leaves_the_whole_histo
 
 def test_a_short_history_is_written_whole_at_every_save(server):
     """While a history is short, ``Checkpoint.messages`` is the whole of it mid-run too."""
-    replies = turns(3)
-    held = Held(replies, held=2)
-    server.respond(MODEL, held)
-    run = start_run("basic", "go on")
-    worker = execute_in_background(run.pk)
-    try:
-        assert held.reached.wait(20), "the third model call never came"
+    with paused_after_two_model_calls(server) as run:
         mid = checkpoint(run)
         assert mid.step_index == 4 and mid.whole_step == 4
         assert mid.messages == mid.history() == sent(server)[2]
-    finally:
-        held.go.set()
-        worker.join(30)
-    assert Run.objects.get(pk=run.pk).status == "completed"
 
 
 # --- decisions ----------------------------------------------------------------------------------------

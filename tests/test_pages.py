@@ -545,7 +545,7 @@ def test_the_answer_form_follows_the_questions_answer_schema(server):
 
 
 def test_a_choice_is_asked_with_its_choices():
-    from chamvi_runs.web.views_pages import answer_form
+    from chamvi_runs.web.wait_display import answer_form
 
     form = answer_form({"enum": ["standard", "express", 2], "type": "string"})
     assert form == {

@@ -29,11 +29,12 @@ from ..core.storable import WHAT, unstorable
 from ..models import Run, Step, Thread, WaitPoint
 from ..policy import can_answer, decidable_approvals, policy
 from ..store import queries
-from ..streaming.serializers import error_json, question, shows_internals
+from ..streaming.serializers import error_json, shows_internals
 from . import threads
 from .approvals import decide
 from .consumers import THREAD_REPLAY_RUNS
 from .errors import ApiError
+from .wait_display import canonical, compact, decision_row, open_wait
 
 # How many earlier runs of its thread a run page shows above it, and runs a thread page shows: as
 # many as the thread socket replays, or the page would take older replayed runs for new ones.
@@ -54,80 +55,6 @@ APPROVALS_PER_PAGE = 50
 # reads more of the run loads it for each of the page's rows.
 APPROVAL_COLUMNS: tuple[str, ...] = ("approval_id", "run", "tool_name", "input", "expires_at", "created_at")
 APPROVAL_COLUMNS += ("editable", "run__agent", "run__status", "run__created_by")
-# What a diff of edited arguments says of a key one side lacks.
-NONE_SHOWN = "(none)"
-
-
-def compact(value: Any) -> str:
-    """A JSON value on one line, as render.js's ``compact`` writes it (``JSON.stringify``)."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
-
-
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
-
-
-def argument_changes(proposed: Any, approved: Any) -> list[dict[str, str]]:
-    """What a person changed in the arguments before approving them: per key of an object, else the
-    whole value (``key`` ""), each side as compact JSON. None when nothing was edited. render.js's
-    ``argumentChanges`` says the same."""
-    if approved is None:
-        return []
-    if not (isinstance(proposed, dict) and isinstance(approved, dict)):
-        if _canonical(proposed) == _canonical(approved):
-            return []
-        return [{"key": "", "before": compact(proposed), "after": compact(approved)}]
-    changes = []
-    for key in [*proposed, *(k for k in approved if k not in proposed)]:
-        before = compact(proposed[key]) if key in proposed else NONE_SHOWN
-        after = compact(approved[key]) if key in approved else NONE_SHOWN
-        # A key only one side has shows as (none) on the other: compared by the JSON itself.
-        if _canonical(proposed.get(key)) != _canonical(approved.get(key)) or before != after:
-            changes.append({"key": str(key), "before": before, "after": after})
-    return changes
-
-
-def answer_text(value: Any) -> str:
-    """A question's answer on one line: a string as it is, anything else as compact JSON."""
-    return value if isinstance(value, str) else compact(value)
-
-
-def answer_form(schema: Any) -> dict[str, Any]:
-    """How a page asks for an answer of the JSON Schema ``schema`` (render.js's ``answerForm`` does
-    the same): Yes/No for a boolean, one of its ``choices`` for an enum (each ``value`` the choice
-    as JSON), a line of text for a string, JSON typed out for anything else (None: any value)."""
-    if isinstance(schema, dict):
-        choices = schema.get("enum")
-        if isinstance(choices, list) and choices:
-            return {
-                "kind": "choice",
-                "choices": [{"value": compact(c), "label": answer_text(c)} for c in choices],
-            }
-        if schema.get("type") == "boolean":
-            return {"kind": "boolean"}
-        if schema.get("type") == "string":
-            return {"kind": "text"}
-    return {"kind": "json"}
-
-
-def open_wait(waitpoint: WaitPoint) -> dict[str, Any]:
-    """An open wait point as the pages show it: an approval (``editable``: its arguments may be
-    changed) or a question, with its text and the form of its answer."""
-    return {
-        "waitpoint": waitpoint,
-        "question": question(waitpoint),
-        "form": answer_form(waitpoint.answer_schema) if waitpoint.kind == WaitPoint.Kind.INPUT else None,
-    }
-
-
-def decision_row(waitpoint: WaitPoint) -> dict[str, Any]:
-    """A decided wait point as the pages list it: an answer's text, or what an approver changed."""
-    answered = waitpoint.decision == WaitPoint.Decision.ANSWERED
-    return {
-        "waitpoint": waitpoint,
-        "answer": answer_text(waitpoint.answer) if answered else None,
-        "changes": argument_changes(waitpoint.input, waitpoint.approved_input),
-    }
 
 
 def _open_waits(run: Run) -> list[dict[str, Any]]:
@@ -162,7 +89,7 @@ def _edited(request: HttpRequest, approval_id: str) -> tuple[bool, Any]:
     if not isinstance(arguments, dict):
         raise ValueError("The arguments must be a JSON object, as the model proposed them.")
     proposed = WaitPoint.objects.filter(approval_id=approval_id).values_list("input", flat=True).first()
-    return _canonical(arguments) != _canonical(proposed), arguments
+    return canonical(arguments) != canonical(proposed), arguments
 
 
 def _decide(request: HttpRequest, approve: bool) -> None:
@@ -350,7 +277,7 @@ def lineage_notes(run: Run, replaced: dict[str, Any] | None = None) -> list[dict
     if run.replaces_id:
         payloads = replaced if replaced is not None else _payloads({run.replaces_id})
         if run.replaces_id in payloads:
-            same = _canonical(payloads[run.replaces_id]) == _canonical((run.trigger or {}).get("payload"))
+            same = canonical(payloads[run.replaces_id]) == canonical((run.trigger or {}).get("payload"))
             notes.append({"text": REGENERATED if same else EDITED, "run_id": run.replaces_id})
         else:
             notes.append({"text": "Replaces", "run_id": run.replaces_id})

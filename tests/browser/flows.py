@@ -59,9 +59,8 @@ def start_from_home(page: Any, message: str) -> str:
     return match.group(1)
 
 
-def start_via_api(page: Any, body: dict[str, Any]) -> str:
-    """``POST /chamvi/api/runs/`` with the page's session and CSRF token, as the home page's script does
-    (the home page sends no thread); then opens the run page."""
+def post_run(page: Any, body: dict[str, Any]) -> str:
+    """``POST /chamvi/api/runs/`` from the open page, with its session and CSRF token; the run's id."""
     status, run = page.evaluate(
         """async (body) => {
           const csrf = document.cookie.split("; ").find(c => c.startsWith("csrftoken="))?.split("=")[1];
@@ -72,8 +71,15 @@ def start_via_api(page: Any, body: dict[str, Any]) -> str:
         body,
     )
     assert status == 201, run
-    page.goto(f"/chamvi/runs/{run['id']}/")
     return run["id"]
+
+
+def start_via_api(page: Any, body: dict[str, Any]) -> str:
+    """``post_run``, as the home page's script does (the home page sends no thread); then opens the
+    run page."""
+    run_id = post_run(page, body)
+    page.goto(f"/chamvi/runs/{run_id}/")
+    return run_id
 
 
 def caught_up_to(page: Any, event_type: str) -> None:

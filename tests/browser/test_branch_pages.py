@@ -12,7 +12,7 @@ import pytest
 
 from chamvi_runs.models import Run
 from tests.browser.conftest import SUPPORT_MODEL
-from tests.browser.flows import caught_up_to, expect, script, wait_status
+from tests.browser.flows import caught_up_to, expect, post_run, script, wait_status
 from tests.browser.test_example_chat import open_chat, send
 from tests.processes import wait_for
 from tests.scripted_server import Reply, ScriptedServer, delay, finish, text
@@ -21,21 +21,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
 BASIC = "m-basic"
 SHOWN = "#thread-runs .thread-run:not([hidden])"
-
-
-def post_run(page: Any, body: dict[str, Any]) -> str:
-    """``POST /chamvi/api/runs/`` from the open page, with its session and CSRF token; the run's id."""
-    status, run = page.evaluate(
-        """async (body) => {
-          const csrf = document.cookie.split("; ").find(c => c.startsWith("csrftoken="))?.split("=")[1];
-          const r = await fetch("/chamvi/api/runs/", {method: "POST", body: JSON.stringify(body),
-            headers: {"Content-Type": "application/json", "X-CSRFToken": csrf}});
-          return [r.status, await r.json()];
-        }""",
-        body,
-    )
-    assert status == 201, run
-    return run["id"]
 
 
 def answered(page: Any, server: ScriptedServer, thread: str, message: str, answer: str) -> str:

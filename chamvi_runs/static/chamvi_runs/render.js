@@ -42,9 +42,9 @@ export function stopMark(item, state) {
   return ENDED_MID_STEP[state.end.status] || "";
 }
 
-// A JSON value on one line (views_pages.compact).
+// A JSON value on one line (wait_display.compact).
 export const compact = (value) => (value === undefined ? "" : JSON.stringify(value));
-// A question's answer on one line: a string as it is (views_pages.answer_text).
+// A question's answer on one line: a string as it is (wait_display.answer_text).
 export const answerText = (value) => (typeof value === "string" ? value : compact(value));
 
 function canonical(value) {
@@ -58,7 +58,7 @@ function canonical(value) {
 /** Whether two JSON values are the same, whatever the order of their keys. */
 export const sameJson = (a, b) => JSON.stringify(canonical(a)) === JSON.stringify(canonical(b));
 
-/** What an approver changed in the arguments (views_pages.argument_changes): per key of an object,
+/** What an approver changed in the arguments (wait_display.argument_changes): per key of an object,
     else the whole value (key ""), each side as compact JSON; none when nothing was edited. */
 export function argumentChanges(proposed, approved) {
   if (approved === null || approved === undefined) return [];
@@ -108,7 +108,7 @@ export function decisionItem(d) {
   return li;
 }
 
-/** How a page asks for an answer of the JSON Schema `schema` (views_pages.answer_form): "boolean"
+/** How a page asks for an answer of the JSON Schema `schema` (wait_display.answer_form): "boolean"
     (Yes/No), "choice" (one of `choices`, each `value` the choice as JSON), "text" (a line) or
     "json" (any other value, typed as JSON). */
 export function answerForm(schema) {
