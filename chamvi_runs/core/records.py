@@ -68,6 +68,8 @@ class WaitRequest:
     ttl: timedelta
     step_index: int
     """The wait step that opens it."""
+    started_at: datetime | None = None
+    """When the call was reached: the wait step's start."""
     editable: bool = True
     answer_schema: dict[str, Any] | None = None
     client: bool = False

@@ -10,7 +10,7 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.utils import timezone
@@ -45,7 +45,10 @@ class Answered:
     @property
     def wait_steps(self) -> list[StepRecord]:
         return [
-            StepRecord(index=w.step_index, kind="wait", name=w.tool_name, input=w.input) for w in self.waits
+            StepRecord(
+                index=w.step_index, kind="wait", name=w.tool_name, input=w.input, started_at=w.started_at
+            )
+            for w in self.waits
         ]
 
 
@@ -102,11 +105,15 @@ class ToolCalls:
                 if position in decided:
                     tool, arguments, output, error, note = _as_decided(tool, arguments, decided[position])
                 elif tool.question is not None:
-                    waits = self.questions(calls[position - first_position :], llm_index, position, index)
+                    waits = self.questions(
+                        calls[position - first_position :], llm_index, position, index, started
+                    )
                     return Answered(messages, steps, waits)
                 elif self.agent.needs_approval(name, arguments, ctx):
                     return Answered(
-                        messages, steps, [self.approval(call, tool, arguments, llm_index, position, index)]
+                        messages,
+                        steps,
+                        [self.approval(call, tool, arguments, llm_index, position, index, started)],
                     )
             # A call that waits for a person is announced by run.waiting, and here once it runs.
             self.emit(
@@ -157,7 +164,14 @@ class ToolCalls:
         return own or self.agent.approval_ttl or conf.APPROVAL_TTL
 
     def approval(
-        self, call: dict[str, Any], tool: Tool, arguments: Any, llm_index: int, position: int, index: int
+        self,
+        call: dict[str, Any],
+        tool: Tool,
+        arguments: Any,
+        llm_index: int,
+        position: int,
+        index: int,
+        started: datetime,
     ) -> WaitRequest:
         return WaitRequest(
             call=CallRef(llm_index, position, call["id"]),
@@ -166,11 +180,12 @@ class ToolCalls:
             kind="approval",
             ttl=self.ttl(),
             step_index=index,
+            started_at=started,
             editable=self.agent.editable(tool.name),
         )
 
     def questions(
-        self, calls: list[dict[str, Any]], llm_index: int, position: int, index: int
+        self, calls: list[dict[str, Any]], llm_index: int, position: int, index: int, started: datetime
     ) -> list[WaitRequest]:
         """The question at ``position`` and the questions right after it in the same model call:
         the user answers them in any order, and the run goes on once all are answered."""
@@ -189,6 +204,7 @@ class ToolCalls:
                     kind="input",
                     ttl=self.ttl(tool.question.ttl),
                     step_index=index + offset,
+                    started_at=started,
                     editable=False,
                     answer_schema=tool.question.answer_schema,
                     client=tool.question.client,
