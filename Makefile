@@ -52,7 +52,7 @@ DJANGO6_TESTS := tests/test_checks.py tests/test_admin.py tests/test_admin_stuck
 	tests/test_sse.py tests/test_engine_basics.py tests/test_engine_failures.py \
 	tests/test_approvals_and_effects.py tests/test_claims_and_steering.py tests/test_prune.py \
 	tests/test_metrics.py tests/test_logs.py tests/test_migrations.py tests/test_asgi_app.py \
-	tests/test_docs_samples.py tests/test_fresh_site.py
+	tests/test_docs_samples.py tests/test_fresh_site.py tests/test_conversation_http.py tests/test_history_parts.py
 
 test-django6:
 	test -x $(PY6) || $(PYTHON6) -m venv $(VENV6)

@@ -3,7 +3,8 @@ client making the same model calls with the same histories, measured in the same
 
     make bench-long   # or: .venv/bin/python bench/long_run.py [--turns 20 100 200]
 
-A turn is a model call that calls a tool, and the tool's result. The Chat Completions API takes the
+A turn is a model call that calls a tool, and the tool's result: about 1 KB of JSON, as the peers'
+workload's tools return (a history of 200 turns is some 250 KB). The Chat Completions API takes the
 whole history with every call, so the client's own cost grows with it on both sides; what this
 bench isolates is ours: the CPU of the execution beyond the client's (per turn, and for the first
 and last ten turns of the run), and the bytes PostgreSQL writes (WAL) per turn. A step that wrote
@@ -14,12 +15,16 @@ Redis (DATABASE_URL / REDIS_URL; the database "chamvi_bench" is created if missi
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+MODEL = "m-long-run"
+WARM_UP = 5
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/chamvi_bench")
@@ -37,6 +42,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--turns", type=int, nargs="+", default=[20, 100, 200], help="tool turns per run")
+    parser.add_argument("--reps", type=int, default=3, help="runs per length; the medians are printed")
     args = parser.parse_args()
 
     ensure_database(os.environ["DATABASE_URL"])
@@ -50,15 +56,32 @@ def main() -> None:
     call_command("migrate", verbosity=0)
     from openai import OpenAI
 
-    from chamvi_runs import Budget, signals, start_run
-    from chamvi_runs.agents.agent import registry
+    from chamvi_runs import Agent, Budget, signals, start_run, tool
     from chamvi_runs.models import Checkpoint, Run
     from chamvi_runs.runtime import engine
     from tests.scripted_server import Reply, ScriptedServer, finish, text, tool_call, usage
 
+    @tool
+    def lookup_order(order_id: str) -> dict:
+        """An order and its history: about 1 KB of JSON, none of it like the others'."""
+        digest = hashlib.sha256(order_id.encode()).hexdigest()
+        return {"order_id": order_id, "events": [digest * 3 for _ in range(4)], "status": "delivered"}
+
+    agent = Agent(
+        name="long_run",
+        model=MODEL,
+        instructions="Look the orders up.",
+        tools=[lookup_order],
+        budget=Budget(max_steps=max(*args.turns, WARM_UP) + 1),
+    )
+
     def script(turns: int) -> list[Reply]:
         calls = [
-            Reply(tool_call(f"c{n}", "add", f'{{"a": {n}, "b": 1}}'), finish("tool_calls"), usage(9, 9))
+            Reply(
+                tool_call(f"c{n}", "lookup_order", f'{{"order_id": "A-{n}"}}'),
+                finish("tool_calls"),
+                usage(9, 9),
+            )
             for n in range(turns)
         ]
         return [*calls, Reply(text("Done."), finish("stop"), usage(9, 2))]
@@ -68,8 +91,6 @@ def main() -> None:
             cursor.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")
             return int(cursor.fetchone()[0])
 
-    # The test agent's default budget stops a run at 20 model calls.
-    registry.get("basic").budget = Budget(max_steps=max(args.turns) + 1, timeout_ms=None)
     saves: list[float] = []
 
     def on_saved(**_: object) -> None:
@@ -84,13 +105,13 @@ def main() -> None:
             "OPENAI": {"api_key": "bench", "base_url": server.base_url, "max_retries": 0},
         }
         client = OpenAI(api_key="bench", base_url=server.base_url, max_retries=0)
-        tools = [t.schema() for t in registry.get("basic").tools]
+        tools = [t.schema() for t in agent.tools]
 
         def chamvi(turns: int) -> tuple[str, int, list[float]]:
             """The run, the WAL it wrote, and the CPU from one save to the next (a model call and
             its tool: one turn)."""
-            server.script("m-basic", script(turns))
-            run = start_run("basic", "x")
+            server.script(MODEL, script(turns))
+            run = start_run("long_run", "x")
             saves.clear()
             before_wal = wal()
             started = time.process_time()
@@ -105,13 +126,13 @@ def main() -> None:
             sent it (rebuilt from the run's final history: it grows by a call and a result a turn)."""
             history = Checkpoint.objects.get(run_id=run_id).messages
             calls = [n for n, m in enumerate(history) if m.get("role") == "assistant"]
-            server.script("m-basic", script(len(calls) - 1))
-            system = [{"role": "system", "content": registry.get("basic").instructions}]
+            server.script(MODEL, script(len(calls) - 1))
+            system = [{"role": "system", "content": agent.instructions}]
             times = []
             for end in calls:
                 started = time.process_time()
                 stream = client.chat.completions.create(
-                    model="m-basic",
+                    model=MODEL,
                     messages=[*system, *history[:end]],
                     tools=tools,
                     stream=True,
@@ -122,19 +143,34 @@ def main() -> None:
                 times.append(time.process_time() - started)
             return times
 
-        baseline(chamvi(5)[0])  # warm up connections and caches
+        baseline(chamvi(WARM_UP)[0])  # warm up connections and caches
         print("per tool turn: CPU in ms (the run's, the bare client's, ours: the difference), and")
         print("ours over the run's first and last ten turns; KB of WAL written per turn\n")
         print(
             f"{'turns':>6} {'run':>8} {'client':>8} {'ours':>8} {'first 10':>9} {'last 10':>9} {'WAL KB':>8}"
         )
         for turns in args.turns:
-            run_id, written, steps = chamvi(turns)
-            base = baseline(run_id)
-            ours = [s - b for s, b in zip(steps, base, strict=True)]
+            rows = []
+            for _ in range(args.reps):
+                run_id, written, steps = chamvi(turns)
+                base = baseline(run_id)
+                ours = [s - b for s, b in zip(steps, base, strict=True)]
+                rows.append(
+                    (
+                        _ms(steps),
+                        _ms(base),
+                        _ms(ours),
+                        _ms(ours[:10]),
+                        _ms(ours[-10:]),
+                        written / turns / 1024,
+                    )
+                )
+            run_ms, client_ms, ours_ms, first, last, wal_kb = (
+                statistics.median(col) for col in zip(*rows, strict=True)
+            )
             print(
-                f"{turns:>6} {_ms(steps):>8.2f} {_ms(base):>8.2f} {_ms(ours):>8.2f} {_ms(ours[:10]):>9.2f} "
-                f"{_ms(ours[-10:]):>9.2f} {written / turns / 1024:>8.1f}"
+                f"{turns:>6} {run_ms:>8.2f} {client_ms:>8.2f} {ours_ms:>8.2f} {first:>9.2f} "
+                f"{last:>9.2f} {wal_kb:>8.1f}"
             )
         print("\nFlat 'ours' from 20 to 200 turns, and from the first to the last ten: a step's own")
         print("cost does not grow with the history. WAL is the whole cluster's: run it on a quiet server.")

@@ -190,8 +190,9 @@ class Step(models.Model):
     messages = models.JSONField(
         null=True,
         blank=True,
-        help_text="The messages this step added to the run's history (null: written by a release that "
-        "stored histories whole).",
+        help_text="The messages this step added to the run's history, or their count when the whole "
+        "history was written with it (the checkpoint holds them); null: written by a release that "
+        "stored histories whole.",
     )
     attempt = models.PositiveIntegerField(default=0, help_text="The claim attempt that wrote this step.")
     started_at = models.DateTimeField()
@@ -263,7 +264,9 @@ class Checkpoint(models.Model):
                 f"run {self.run_id}: the history after step {at} was not kept (a release that "
                 "stored histories whole wrote it)"
             )
-        return full[: self.opening_length + sum(len(part or ()) for part in parts)]
+        # Each step's messages, or their count: the history is a prefix of the whole one.
+        added = sum(part if isinstance(part, int) else len(part) for part in parts)
+        return full[: self.opening_length + added]
 
     def _behind(self) -> bool:
         """Whether steps saved after ``whole_step`` add to ``messages``: this release wrote it at

@@ -60,6 +60,20 @@ def sent(server, model: str = MODEL) -> list[list[dict[str, Any]]]:
     return [r["messages"][1:] for r in requests]
 
 
+def added(run: Run | str) -> list[list[dict[str, Any]]]:
+    """The messages each step of ``run`` added, in order: its stored part, or (a step saved with the
+    whole history, which holds them) their count of the whole history's messages at its place."""
+    saved = checkpoint(run)
+    full, at, out = saved.history(), saved.opening_length or 0, []
+    for step in steps_of(run):
+        part = step.messages if isinstance(step.messages, list) else full[at : at + step.messages]
+        assert full[at : at + len(part)] == part, f"step {step.index}'s part is not where it belongs"
+        out.append(part)
+        at += len(part)
+    assert at == len(full)
+    return out
+
+
 def steps_of(run: Run | str) -> list[Step]:
     return list(Step.objects.filter(run_id=getattr(run, "pk", run)).order_by("index"))
 
@@ -155,12 +169,15 @@ def test_each_step_stores_the_messages_it_added_and_the_checkpoint_the_whole_his
     ]
     # The opening is the thread's history before the run; then the steps' parts, in order.
     opening = checkpoint(before).history()
-    assert full == [*opening, *(m for s in steps for m in s.messages)]
-    assert steps[0].messages == [requests[0][-1], full[len(opening) + 1]]
-    assert steps[0].messages[0]["role"] == "user" and steps[0].messages[1]["role"] == "assistant"
-    assert steps[3].messages == [{"role": "tool", "tool_call_id": "c1", "content": "2"}]
-    assert steps[4].messages == [{"role": "tool", "tool_call_id": "c1b", "content": "3"}]
-    assert steps[-1].messages == [{"role": "assistant", "content": "Done."}]
+    parts = added(run)
+    assert full == [*opening, *(m for part in parts for m in part)]
+    assert parts[0] == [requests[0][-1], full[len(opening) + 1]]
+    assert parts[0][0]["role"] == "user" and parts[0][1]["role"] == "assistant"
+    assert parts[3] == [{"role": "tool", "tool_call_id": "c1", "content": "2"}]
+    assert parts[4] == [{"role": "tool", "tool_call_id": "c1b", "content": "3"}]
+    assert parts[-1] == [{"role": "assistant", "content": "Done."}]
+    # A short history is written whole at every save: its steps keep only their counts.
+    assert [s.messages for s in steps] == [2, 1, 1, 1, 1, 1, 1, 1]
     assert (saved.step_index, saved.length, saved.opening_length) == (7, len(full), len(opening))
 
 
@@ -220,7 +237,9 @@ def test_a_save_after_the_executions_first_adds_parts_and_leaves_the_whole_histo
         assert mid.whole_step == 1 and mid.whole_length == len(mid.messages) == 3
         assert mid.length == 6
         assert mid.history() == sent(server)[2]
-        assert [len(s.messages) for s in steps_of(run)] == [2, 1, 1, 1, 1]
+        # The first save wrote the whole history (its steps keep counts); the second, its parts.
+        assert [s.messages for s in steps_of(run)][:2] == [2, 1]
+        assert [len(s.messages) for s in steps_of(run)[2:]] == [1, 1, 1]
         assert mid.history(1) == mid.messages and mid.history(2) == sent(server)[2][:4]
     # Settled: the whole history is written at the last step.
     done = checkpoint(run)
@@ -249,7 +268,7 @@ def test_a_denial_joins_the_wait_steps_part_and_the_whole_history(server):
     )
     run = execute(start_run("approving", "refund o-1"))
     assert run.status == "waiting"
-    assert [(s.kind, s.messages) for s in steps_of(run)][-1] == ("wait", [])
+    assert [(s.kind, s.messages) for s in steps_of(run)][-1] == ("wait", 0)
     waiting = checkpoint(run)
     assert waiting.whole_step == 3 and waiting.messages == waiting.history()
 
@@ -260,7 +279,7 @@ def test_a_denial_joins_the_wait_steps_part_and_the_whole_history(server):
         "tool_call_id": "c1",
         "content": "The call to refund was not run: approval denied. Reason: too much",
     }
-    assert steps_of(run)[3].messages == [denial]
+    assert steps_of(run)[3].messages == 1 and added(run)[3] == [denial]
     decided = checkpoint(run)
     assert decided.messages[-1] == denial and decided.history() == [*waiting.history(), denial]
     assert (decided.whole_step, decided.whole_length, decided.length) == (
@@ -291,10 +310,9 @@ def test_an_approved_call_runs_after_the_wait_and_its_result_is_its_steps_part(s
     assert run.status == "completed"
     steps = steps_of(run)
     assert [s.kind for s in steps] == ["llm", "wait", "tool", "llm"]
-    assert steps[1].messages == []
-    assert (
-        steps[2].messages[0]["tool_call_id"] == "c1" and '"refunded": 700' in steps[2].messages[0]["content"]
-    )
+    parts = added(run)
+    assert parts[1] == []
+    assert parts[2][0]["tool_call_id"] == "c1" and '"refunded": 700' in parts[2][0]["content"]
     assert checkpoint(run).history(2) == sent(server, "m-approving")[-1]
 
 
@@ -335,7 +353,8 @@ def test_a_history_the_previous_release_stored_whole_is_read_whole_and_resumed_b
     assert done.history() == [*resumed, {"role": "assistant", "content": "Refunded."}]
     steps = steps_of(run)
     assert [s.messages is None for s in steps] == [True, True, True, True, False, False]
-    assert steps[4].messages == [resumed[-1]] and steps[5].messages == [done.history()[-1]]
+    # Saved with the whole history (an execution's first save, its settle): counts.
+    assert steps[4].messages == 1 and steps[5].messages == 1
     assert done.history(5) == done.history()
     for index in (-1, 1, 3, 4):
         with pytest.raises(HistoryUnavailable):

@@ -57,7 +57,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='step',
             name='messages',
-            field=models.JSONField(blank=True, help_text="The messages this step added to the run's history (null: written by a release that stored histories whole).", null=True),
+            field=models.JSONField(blank=True, help_text="The messages this step added to the run's history, or their count when the whole history was written with it (the checkpoint holds them); null: written by a release that stored histories whole.", null=True),
         ),
     ]
 

@@ -1,8 +1,9 @@
-"""A run's history, stored by parts (SPEC §4, §12): each step stores the messages it added
-(``Step.messages``), and a save moves the checkpoint's index and length forward. The whole history
+"""A run's history, stored by parts (SPEC §4, §12): a save moves the checkpoint's index and length
+forward, and each step stores the messages it added (``Step.messages``). The whole history
 (``Checkpoint.messages``) is written too while it is short (``WHOLE_UNTIL`` messages), by the first
 save of each execution, and whenever the run leaves its worker (a wait, a settle): what a process
-of the previous release reads. Past that, a step's cost does not grow with the history.
+of the previous release reads. A save that writes it leaves its steps the count of their messages
+only (the whole history holds them). Past that, a step's cost does not grow with the history.
 ``Checkpoint.history()`` is the whole history at any time, and ``history(index)`` the history
 after any step: how a fork, a regenerate or a resend starts from an earlier point.
 
@@ -44,6 +45,18 @@ def parts(steps: Sequence[StepRecord], added: list[Message]) -> list[list[Messag
     return out
 
 
+def writes_whole(messages: list[Message], asked: bool) -> bool:
+    """Whether a save writes the whole history: when asked (an execution's first save, a wait, a
+    settle), or while it is short."""
+    return asked or len(messages) <= WHOLE_UNTIL
+
+
+def stored_parts(parts: list[list[Message]], whole: bool) -> list[list[Message] | int]:
+    """What the steps of a save store of their parts: the messages, or only how many when the save
+    writes the whole history, which holds them (``Checkpoint.history`` needs the counts only)."""
+    return [len(part) for part in parts] if whole else list(parts)
+
+
 def move_checkpoint(
     run_id: str,
     step_index: int,
@@ -54,10 +67,8 @@ def move_checkpoint(
     opening_length: int | None = None,
 ) -> None:
     """The one checkpoint of the run, moved forward to ``step_index``: its length, and with
-    ``whole`` (or while the history is short) the whole history (``messages``, stored).
-    ``opening_length``: how many of the messages came before the run's first step (its first save
-    says it)."""
-    whole = whole or len(messages) <= WHOLE_UNTIL
+    ``whole`` the whole history (``messages``, stored). ``opening_length``: how many of the
+    messages came before the run's first step (its first save says it)."""
     fields: dict[str, object] = {
         "step_index": step_index,
         "length": len(messages),
@@ -85,13 +96,19 @@ def append(run_id: str, messages: list[Message]) -> None:
     if messages:
         step = Step.objects.filter(run_id=run_id, index=checkpoint.step_index).only("messages").first()
         if step is not None and step.messages is not None:
-            Step.objects.filter(pk=step.pk).update(messages=[*step.messages, *messages])
+            # The whole history is written below: the step keeps the count of its messages only.
+            Step.objects.filter(pk=step.pk).update(messages=count(step.messages) + len(messages))
     elif not checkpoint._behind():
         return  # written whole at its step already
     full = [*checkpoint.history(), *messages]
     Checkpoint.objects.filter(pk=checkpoint.pk).update(
         messages=full, whole_step=checkpoint.step_index, whole_length=len(full), length=len(full)
     )
+
+
+def count(part: list[Message] | int) -> int:
+    """How many messages a step added: its part, or its count."""
+    return part if isinstance(part, int) else len(part)
 
 
 def history(run_id: str, index: int | None = None) -> tuple[list[Message], int] | None:

@@ -30,7 +30,7 @@ class _Refused(Exception):
     """Rolls back a step's transaction whose fenced write, or step insert, was refused."""
 
 
-def _write_steps(claim: Claim, steps: Iterable[StepRecord], added: list[list[Message]]) -> None:
+def _write_steps(claim: Claim, steps: Iterable[StepRecord], added: list[list[Message] | int]) -> None:
     now = timezone.now()
     rows = [
         Step(
@@ -87,16 +87,13 @@ def _record(
     if stored is None:
         length = Checkpoint.objects.filter(run_id=claim.run_id).values_list("length", flat=True).first()
         stored = Stored(length or 0, whole=True)
-    # Only what the steps added is written, unless the whole history is asked for.
-    _write_steps(claim, steps, histories.parts(steps, messages[stored.length :]))
+    # What the steps added is written, and the whole history only when asked for or short.
+    whole = histories.writes_whole(messages, whole or stored.whole)
+    parts = histories.parts(steps, messages[stored.length :])
+    _write_steps(claim, steps, histories.stored_parts(parts, whole))
     last = max(s.index for s in steps)
     histories.move_checkpoint(
-        claim.run_id,
-        last,
-        messages,
-        finish_reason,
-        whole=whole or stored.whole,
-        opening_length=stored.opening_length,
+        claim.run_id, last, messages, finish_reason, whole=whole, opening_length=stored.opening_length
     )
     inputs = list(consumed_inputs)
     if inputs:

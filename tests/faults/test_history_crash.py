@@ -15,7 +15,7 @@ from chamvi_runs import start_run
 from chamvi_runs.models import Checkpoint, Run, Step
 from tests.faults.harness import recover, violations
 from tests.scripted_server import Reply
-from tests.test_history_parts import expected_histories, turns
+from tests.test_history_parts import added, expected_histories, turns
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
@@ -71,8 +71,10 @@ def test_a_worker_killed_at_the_save_of_a_later_step_resumes_with_the_right_hist
     if point == "after_step_commit":
         # The second save stored its steps' messages and moved the checkpoint, not the whole history.
         assert crashed.step_index == SECOND_SAVE and crashed.whole_step == FIRST_SAVE
-        parts = [len(s.messages) for s in Step.objects.filter(run=run).order_by("index")]
-        assert parts == [2, *[1] * (SECOND_SAVE)]
+        # The first save's steps keep counts (the whole history holds them), the second's their parts.
+        parts = [s.messages for s in Step.objects.filter(run=run).order_by("index")]
+        assert parts[: FIRST_SAVE + 1] == [2, *[1] * FIRST_SAVE]
+        assert [len(part) for part in parts[FIRST_SAVE + 1 :]] == [1] * (SECOND_SAVE - FIRST_SAVE)
         before_crash = crashed.history()
     else:
         # Nothing of the second save was committed.
@@ -104,7 +106,7 @@ def test_a_worker_killed_at_the_save_of_a_later_step_resumes_with_the_right_hist
     final = Checkpoint.objects.get(run=run)
     assert final.messages == [*requests[-1], {"role": "assistant", "content": "Done."}]
     _no_message_twice(final.messages)
-    assert final.messages == [m for s in steps for m in s.messages]
+    assert final.messages == [m for part in added(run) for m in part]
     for index, history in expected_histories(run, requests).items():
         assert final.history(index) == history, f"the history after step {index}"
     assert json.dumps(final.messages).count('"tool_call_id": "c1b"') == 1
