@@ -231,7 +231,12 @@ def test_a_page_whose_server_lost_its_data_follows_the_active_run_to_its_end(ser
 def test_a_socket_open_while_its_server_lost_its_data_starts_over_and_reaches_the_end(
     server, root_client, redis, monkeypatch
 ):
+    # The socket hears nothing once its group is gone with the data: it reads the buffer at quiet
+    # times, which back off up to QUIET_WAITING_SECONDS (30 s) while the run waits. A short schedule,
+    # set here, rather than one the test's own pace happens to keep short.
     monkeypatch.setattr(consumers, "QUIET_SECONDS", 0.1)
+    monkeypatch.setattr(consumers, "QUIET_WAITING_SECONDS", 0.2)
+    monkeypatch.setattr(consumers, "STATUS_SECONDS", 0.2)
     run, waitpoint = waiting_run(server, root_client.user)
     seen = events(run)[-1]["seq"]
     headers = headers_for(root_client.user)
