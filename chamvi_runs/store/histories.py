@@ -11,7 +11,9 @@ Every write here runs inside a transaction that holds the run's row (see ``fence
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+from django.utils import timezone
 
 from ..core.records import StepRecord
 from ..core.storable import storable
@@ -73,6 +75,8 @@ def move_checkpoint(
         "step_index": step_index,
         "length": len(messages),
         "finish_reason": finish_reason,
+        # auto_now is not applied by update(): the checkpoint says when it last moved.
+        "created_at": timezone.now(),
     }
     if whole:
         fields.update(messages=storable(messages), whole_step=step_index, whole_length=len(messages))
@@ -85,14 +89,16 @@ def move_checkpoint(
     Checkpoint.objects.create(run_id=run_id, **fields)
 
 
-def append(run_id: str, messages: list[Message]) -> None:
-    """Messages that join the history at the checkpoint's step, without a step of their own: the
-    result a denial or an expiry gives a call, the results of calls closed when the run ends. The
-    run is not with a worker: the whole history is written."""
+def append(run_id: str, more: Callable[[list[Message]], list[Message]]) -> None:
+    """Messages that join the history at the checkpoint's step, without a step of their own:
+    ``more(history)`` says which (the result a denial or an expiry gives a call, the results of
+    calls closed when the run ends; none: the history is only made whole). The run is not with a
+    worker: the whole history is written, the history read once."""
     checkpoint = Checkpoint.objects.filter(run_id=run_id).first()
     if checkpoint is None:
         return
-    messages = storable(messages)
+    current = checkpoint.history()
+    messages = storable(more(current))
     if messages:
         step = Step.objects.filter(run_id=run_id, index=checkpoint.step_index).only("messages").first()
         if step is not None and step.messages is not None:
@@ -100,7 +106,7 @@ def append(run_id: str, messages: list[Message]) -> None:
             Step.objects.filter(pk=step.pk).update(messages=count(step.messages) + len(messages))
     elif not checkpoint._behind():
         return  # written whole at its step already
-    full = [*checkpoint.history(), *messages]
+    full = [*current, *messages]
     Checkpoint.objects.filter(pk=checkpoint.pk).update(
         messages=full, whole_step=checkpoint.step_index, whole_length=len(full), length=len(full)
     )
@@ -124,9 +130,3 @@ def history(run_id: str, index: int | None = None) -> tuple[list[Message], int] 
         return checkpoint.history(at), at
     except ValueError as exc:
         raise HistoryUnavailable(str(exc)) from None
-
-
-def full(run_id: str) -> list[Message]:
-    """The whole history of the run (empty without a checkpoint)."""
-    checkpoint = Checkpoint.objects.filter(run_id=run_id).first()
-    return checkpoint.history() if checkpoint is not None else []

@@ -298,6 +298,7 @@ def cancel_open_approval(run_id: str, by: Any = None) -> None:
 def close_history_of(run_id: str, reason: str | None) -> None:
     """Inside the settling transaction: every open tool call of the history gets ``reason`` (None:
     they stay open, for the run to go on), and the whole history is written."""
-    messages = histories.full(run_id)
-    closed = answer_open_calls(messages, reason) if reason is not None else messages
-    histories.append(run_id, closed[len(messages) :])
+    if reason is None:
+        histories.append(run_id, lambda _history: [])
+    else:
+        histories.append(run_id, lambda history: answer_open_calls(history, reason)[len(history) :])

@@ -191,7 +191,7 @@ def _answer_refused_call(run_id: str, waitpoint: WaitPoint, decision: str, reaso
     text = f"The call to {waitpoint.tool_name} was not run: approval {verdict}."
     if reason:
         text += f" Reason: {reason}"
-    histories.append(run_id, [tool_result(waitpoint.tool_call_id, text)])
+    histories.append(run_id, lambda _history: [tool_result(waitpoint.tool_call_id, text)])
 
 
 def fail_expired_wait(approval_id: str) -> bool:
