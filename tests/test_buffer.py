@@ -3,7 +3,7 @@ seq, a lifetime that follows the run, a cap, and regions rebuilt from steps."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -27,15 +27,22 @@ class Clock:
 
 
 @pytest.fixture(params=["redis", "memory"])
-def log(request: pytest.FixtureRequest) -> Iterator[Any]:
+def new_log(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
+    """Builds the store of the param, with the caps given (``max_events``, ``max_bytes``) or the
+    defaults (``BUFFER_EVENTS``, ``BUFFER_BYTES``)."""
     if request.param == "memory":
-        yield MemoryEventLog(clock=Clock())
+        yield lambda **caps: MemoryEventLog(clock=Clock(), **caps)
         return
     connection = request.getfixturevalue("redis")
     keys = RedisEventLog._keys(RUN)
     connection.delete(*keys)
-    yield RedisEventLog(connection)
+    yield lambda **caps: RedisEventLog(connection, **caps)
     connection.delete(*keys)
+
+
+@pytest.fixture
+def log(new_log: Callable[..., Any]) -> Any:
+    return new_log()
 
 
 def expire(log: Any) -> None:
@@ -72,8 +79,8 @@ def test_events_are_kept_by_seq_across_an_expiry(log):
     assert log.window(RUN, 9) == (5, [])
 
 
-def test_a_runs_buffer_keeps_the_latest_events_up_to_the_cap(log, monkeypatch):
-    monkeypatch.setattr(buffer, "BUFFER_EVENTS", 5)
+def test_a_runs_buffer_keeps_the_latest_events_up_to_the_cap(new_log):
+    log = new_log(max_events=5)
     append(log, [e for n in range(6) for e in step(n)])
     assert seqs(log.after(RUN, 0)) == [8, 9, 10, 11, 12]
     assert seqs(log.window(RUN, 9).events) == [10, 11, 12]
@@ -99,8 +106,8 @@ def held_bytes(log: Any) -> int:
     return counted
 
 
-def test_a_runs_buffer_keeps_at_most_its_bytes_the_oldest_dropped_first(log, monkeypatch):
-    monkeypatch.setattr(buffer, "BUFFER_BYTES", 2000)
+def test_a_runs_buffer_keeps_at_most_its_bytes_the_oldest_dropped_first(new_log):
+    log = new_log(max_bytes=2000)
     # Each input is about 480 bytes of JSON: four fit, the fifth pushes the oldest out.
     assert seqs(append(log, inputs(0, 10, 380))) == list(range(1, 11))
     assert seqs(log.after(RUN, 0)) == [7, 8, 9, 10]
@@ -116,8 +123,8 @@ def test_a_runs_buffer_keeps_at_most_its_bytes_the_oldest_dropped_first(log, mon
     assert held_bytes(log) < 500
 
 
-def test_a_region_is_kept_whole_and_the_events_before_it_go_to_the_byte_cap(log, monkeypatch):
-    monkeypatch.setattr(buffer, "BUFFER_BYTES", 2000)
+def test_a_region_is_kept_whole_and_the_events_before_it_go_to_the_byte_cap(new_log):
+    log = new_log(max_bytes=2000)
     append(log, inputs(0, 4, 380))
     region = log.rebase(RUN, rebuild(1), None)
     assert seqs(region) == list(range(5, 5 + len(region)))
@@ -127,10 +134,9 @@ def test_a_region_is_kept_whole_and_the_events_before_it_go_to_the_byte_cap(log,
     assert log.window(RUN, 0).events == region
 
 
-def test_a_lost_byte_count_is_counted_again_from_the_events(redis, monkeypatch):
-    monkeypatch.setattr(buffer, "BUFFER_BYTES", 2000)
+def test_a_lost_byte_count_is_counted_again_from_the_events(redis):
     redis.delete(*RedisEventLog._keys(RUN))
-    log = RedisEventLog(redis)
+    log = RedisEventLog(redis, max_bytes=2000)
     append(log, inputs(0, 3, 380))
     # An older version's buffer has no count; an evicted key neither.
     redis.delete(f"chamvi:bytes:{RUN}")
@@ -155,8 +161,8 @@ def rebuild(step_index: int, waiting: str = "") -> Rebuild:
     return Rebuild(marker, events, step_index, f"w:{waiting}" if waiting else "", False, 3600)
 
 
-def test_a_region_is_numbered_after_the_counter_and_carries_the_step_in_flight(log, monkeypatch):
-    monkeypatch.setattr(buffer, "BUFFER_EVENTS", 6)
+def test_a_region_is_numbered_after_the_counter_and_carries_the_step_in_flight(new_log):
+    log = new_log(max_events=6)
     # Steps 0 and 1 are stored; step 2 is streaming.
     in_flight = step(2, "step.start", "delta", "delta")
     append(log, [{"type": "run.start", "run_id": RUN}, *step(0), *step(1), *in_flight])

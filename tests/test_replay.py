@@ -18,6 +18,7 @@ from chamvi_runs import approve, start_run
 from chamvi_runs.models import Run, Step, WaitPoint
 from chamvi_runs.routing import websocket_application
 from chamvi_runs.streaming import replay
+from chamvi_runs.streaming.buffer import event_log
 from tests.helpers import events, execute
 from tests.scripted_server import Reply, delay, finish, text, tool_call
 from tests.sse_helpers import Stream, body, parse
@@ -199,7 +200,7 @@ def test_an_active_runs_buffer_outlives_its_wait_and_shrinks_after_run_end(
 def test_a_runs_buffer_is_capped_and_a_client_behind_the_cap_gets_the_run_rebuilt(
     server, root_client, redis, monkeypatch
 ):
-    monkeypatch.setattr("chamvi_runs.streaming.buffer.BUFFER_EVENTS", 12)
+    monkeypatch.setattr(event_log(), "max_events", 12)
     calls = [
         Reply(tool_call(f"c{n}", "add", f'{{"a": {n}, "b": 1}}'), finish("tool_calls")) for n in range(5)
     ]
@@ -223,7 +224,7 @@ def test_a_runs_buffer_is_capped_and_a_client_behind_the_cap_gets_the_run_rebuil
 def test_an_active_run_rebuilt_behind_the_cap_goes_on_without_gap_for_every_client(
     server, root_client, redis, monkeypatch
 ):
-    monkeypatch.setattr("chamvi_runs.streaming.buffer.BUFFER_EVENTS", 8)
+    monkeypatch.setattr(event_log(), "max_events", 8)
     run, waitpoint = waiting_run(server, root_client.user, *(f"w{n} " for n in range(12)))
     top = events(run)[-1]["seq"]
     assert top > 12, "the deltas were not recorded one by one"

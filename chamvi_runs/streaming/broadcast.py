@@ -1,4 +1,4 @@
-"""Publishing run events: each is recorded in the replay buffer (``buffer.py``, which stamps its
+"""Publishing run events: each is recorded in the replay buffer (``buffer/``, which stamps its
 ``seq``), then sent to the channel layer groups of its run and thread. Deltas are disposable: a
 failing channel layer never fails a run.
 """
