@@ -17,7 +17,7 @@ from django.db import connection
 
 from chamvi_runs import approve, start_run
 from chamvi_runs.models import Run, WaitPoint
-from chamvi_runs.streaming import buffer, replay
+from chamvi_runs.streaming import buffer, cursor, replay
 from chamvi_runs.streaming.buffer import MemoryEventLog
 from chamvi_runs.web import consumers
 from tests.helpers import events, execute, logged_in, make_user
@@ -194,7 +194,7 @@ def test_many_clients_ahead_cost_one_region_and_move_the_counter_once(
     server, root_client, redis, monkeypatch
 ):
     # Behind the cap, a restart needs the run rebuilt: one region, whoever asks after.
-    monkeypatch.setattr(buffer, "BUFFER_EVENTS", 6)
+    monkeypatch.setattr(buffer.event_log(), "max_events", 6)
     run, _ = waiting_run(server, root_client.user, chunks=8)
     top = counter(redis, run)
     headers = headers_for(root_client.user)
@@ -234,8 +234,8 @@ def test_a_socket_open_while_its_server_lost_its_data_starts_over_and_reaches_th
     # The socket hears nothing once its group is gone with the data: it reads the buffer at quiet
     # times, which back off up to QUIET_WAITING_SECONDS (30 s) while the run waits. A short schedule,
     # set here, rather than one the test's own pace happens to keep short.
-    monkeypatch.setattr(consumers, "QUIET_SECONDS", 0.1)
-    monkeypatch.setattr(consumers, "QUIET_WAITING_SECONDS", 0.2)
+    monkeypatch.setattr(cursor, "QUIET_SECONDS", 0.1)
+    monkeypatch.setattr(cursor, "QUIET_WAITING_SECONDS", 0.2)
     monkeypatch.setattr(consumers, "STATUS_SECONDS", 0.2)
     run, waitpoint = waiting_run(server, root_client.user)
     seen = events(run)[-1]["seq"]
@@ -255,5 +255,90 @@ def test_a_socket_open_while_its_server_lost_its_data_starts_over_and_reaches_th
         return received
 
     shown = followed(seen, async_to_sync(stay)())
+    # The page started over: it shows the run from its start, whenever the socket found out.
+    assert shown[0]["type"] == "run.start"
     assert shown[-1]["type"] == "run.end" and shown[-1]["output"] == "Refunded."
     assert [e["type"] for e in shown if e["type"] == "tool.result"] == ["tool.result"]
+
+
+def forget(redis: Any, run: Run) -> None:
+    """What an eviction of the run's keys does (they expire, so ``volatile-lru`` may pick them):
+    its seqs and events go; the sockets' group memberships stay."""
+    expire_buffer(redis, run)
+    redis.delete(f"chamvi:seq:{run.pk}")
+
+
+def finish_past(server: Any, waitpoint: WaitPoint, user: Any) -> Run:
+    """Approve and finish the run with a second tool call: more events than it had while waiting."""
+    later = [Reply(tool_call("c2", "add", '{"a": 1, "b": 2}'), finish("tool_calls"))]
+    server.script("m-approving", [*later, Reply(text("Refunded."), finish("stop"))])
+    approve(waitpoint.approval_id, by=user)
+    try:
+        return execute(waitpoint.run_id)
+    finally:
+        connection.close()  # the worker thread's: the test's teardown would find it open
+
+
+WHOLE_RUN = [
+    *REBUILT_WAITING[:-1],
+    "tool.call",
+    "tool.result",
+    "step.start",
+    "step.end",
+    "tool.call",
+    "tool.result",
+    "step.start",
+    "delta",
+    "step.end",
+    "run.end",
+]
+
+
+def test_a_socket_whose_run_was_numbered_anew_past_its_seq_starts_over(server, root_client, redis):
+    # The run's seqs go, not the socket's group: the run numbers its next events from 1 and they
+    # all arrive live, past the socket's seq. Sent as they come, the page would show the end of the
+    # run after the start of its wait, as if nothing had happened in between.
+    run, waitpoint = waiting_run(server, root_client.user, chunks=1)
+    seen = events(run)[-1]["seq"]
+    headers = headers_for(root_client.user)
+
+    async def stay() -> list[dict[str, Any]]:
+        comm = socket(run_path(run, after=seen), headers)
+        assert (await comm.connect())[0]
+        await comm.send_json_to({"type": "ping"})
+        assert (await comm.receive_json_from(timeout=5))["code"] == "invalid_message"
+        await sync_to_async(forget)(redis, run)
+        await sync_to_async(finish_past, thread_sensitive=False)(server, waitpoint, root_client.user)
+        received = await until(comm, "run.end")
+        await comm.disconnect()
+        return received
+
+    shown = followed(seen, async_to_sync(stay)())
+    assert [e["type"] for e in shown if e["type"] != "run.resume"] == WHOLE_RUN
+    assert shown[-1]["status"] == "completed" and shown[-1]["output"] == "Refunded."
+
+
+def test_a_server_sent_stream_whose_run_was_numbered_anew_past_its_seq_starts_over(
+    server, root_client, redis
+):
+    run, waitpoint = waiting_run(server, root_client.user, chunks=1)
+    seen = events(run)[-1]["seq"]
+
+    async def stay() -> list[dict[str, Any]]:
+        stream = Stream(
+            await sync_to_async(root_client.get)(
+                f"/chamvi/api/runs/{run.pk}/stream/", HTTP_LAST_EVENT_ID=str(seen - 1)
+            )
+        )
+        # The stream follows the run once it has sent what it replays: the approval request.
+        received = [await stream.next()]
+        assert received[0] is not None and received[0]["seq"] == seen
+        await sync_to_async(forget)(redis, run)
+        await sync_to_async(finish_past, thread_sensitive=False)(server, waitpoint, root_client.user)
+        received += await stream.until("run.end")
+        await stream.close()
+        return received
+
+    shown = followed(seen - 1, async_to_sync(stay)())
+    assert [e["type"] for e in shown if e["type"] != "run.resume"] == WHOLE_RUN
+    assert shown[-1]["output"] == "Refunded."

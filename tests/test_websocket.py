@@ -12,7 +12,7 @@ from channels.testing import WebsocketCommunicator
 from chamvi_runs import start_run
 from chamvi_runs.models import Run, RunInput, Step, WaitPoint
 from chamvi_runs.routing import websocket_application
-from chamvi_runs.streaming import replay
+from chamvi_runs.streaming import cursor, replay
 from chamvi_runs.streaming.broadcast import ChannelsBroadcaster
 from chamvi_runs.web import consumers
 from tests.helpers import (
@@ -449,14 +449,14 @@ def test_a_thread_socket_does_not_watch_a_settled_run_its_client_has_to_the_end(
     run = completed_run(server, owner, thread="t-done")
     top = events(run)[-1]["seq"]
     monkeypatch.setattr(replay, "END_GRACE_SECONDS", 0)
-    monkeypatch.setattr(consumers, "QUIET_SECONDS", 0.05)
-    monkeypatch.setattr(consumers, "QUIET_MAX_SECONDS", 0.1)
+    monkeypatch.setattr(cursor, "QUIET_SECONDS", 0.05)
+    monkeypatch.setattr(cursor, "QUIET_MAX_SECONDS", 0.1)
     reads: list[str] = []
     missed_after = consumers.missed_after
 
-    def reading(run_id: str, after: int) -> list[dict[str, Any]]:
+    def reading(run_id: str, after: int, sent: dict[str, Any] | None) -> list[dict[str, Any]]:
         reads.append(run_id)
-        return missed_after(run_id, after)
+        return missed_after(run_id, after, sent)
 
     monkeypatch.setattr(consumers, "missed_after", reading)
     headers = headers_for(owner)

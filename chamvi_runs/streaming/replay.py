@@ -1,6 +1,6 @@
 """What a client gets when it asks for a run's events after a seq (SPEC §8), websocket and SSE alike.
 
-1. The buffer (``buffer.py``) holds every event after the seq: exactly those, in seq order, once.
+1. The buffer (``buffer/``) holds every event after the seq: exactly those, in seq order, once.
 2. It does not (the buffer expired, the cap trimmed it, Redis lost it): the run is rebuilt from its
    stored steps: ``run.start``, each step (the steering ``input`` its model call took, its text as
    one ``delta`` per kind, its tool calls and results, the ``run.resume`` of a decision after a
@@ -64,6 +64,7 @@ from .buffer import (
     MemoryEventLog,
     Rebuild,
     RedisEventLog,
+    Window,
     buffer_ttl,
     event_log,
     region,
@@ -84,8 +85,34 @@ def replay_after(run_id: str, after: int) -> list[dict[str, Any]]:
     """Every event of the run with a seq above ``after``, in seq order, each once; or a restart for
     a client ahead of the server (the rules above). Reads the database only when the buffer cannot
     answer."""
+    return replay_for(run_id, after)[0]
+
+
+def replay_for(run_id: str, after: int) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """``replay_after``, and the buffer's event at ``after`` when it holds it: what a stream that
+    goes on from there compares with later, to tell that the run's seqs were numbered anew
+    (``missed_after``)."""
     log = event_log()
-    window = log.window(run_id, after)
+    window, own = _window_from(log, run_id, after)
+    return _replayed(log, run_id, after, window), own
+
+
+def _window_from(
+    log: MemoryEventLog | RedisEventLog, run_id: str, after: int
+) -> tuple[Window, dict[str, Any] | None]:
+    """The buffer's window after ``after``, and its event at ``after`` (None: not held), in one read
+    but when that event is gone and the buffer holds the rest."""
+    if after > 0:
+        wider = log.window(run_id, after - 1)
+        if wider.events is not None:
+            own = wider.events[0] if wider.events and wider.events[0]["seq"] == after else None
+            return Window(wider.top, [e for e in wider.events if e["seq"] > after]), own
+    return log.window(run_id, after), None
+
+
+def _replayed(
+    log: MemoryEventLog | RedisEventLog, run_id: str, after: int, window: Window
+) -> list[dict[str, Any]]:
     up_to_date = window.top > 0 and after <= window.top
     if window.events is not None and (window.events or up_to_date):
         return window.events
@@ -133,14 +160,46 @@ def restarts(events: list[dict[str, Any]], after: int) -> bool:
     return bool(events) and events[0].get("type") == MARKER and events[0]["seq"] <= after
 
 
-def missed_after(run_id: str, after: int) -> list[dict[str, Any]]:
+def missed_after(run_id: str, after: int, sent: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The events after ``after`` for a stream repairing what the layer lost: from the buffer alone
     (none yet is an answer too), and rebuilt from the stored steps only when some are gone or the
-    counter no longer knows the stream's seq (then possibly a restart)."""
-    window = event_log().window(run_id, after)
+    counter no longer knows the stream's seq (then possibly a restart).
+
+    ``sent`` is the event the stream sent at ``after``. When the buffer holds another one there,
+    the run's seqs were lost and numbered again past the stream's (Redis lost its data, or evicted
+    the run's keys, and the run went on): what follows it in the buffer is not what follows the
+    stream's, and the stream gets a restart (``restart``)."""
+    log = event_log()
+    if sent is None:
+        window = log.window(run_id, after)
+    else:
+        window, own = _window_from(log, run_id, after)
+        if own is not None and renumbered(own, sent):
+            return restart(run_id)
     if window.events is None or window.top < after:
-        return replay_after(run_id, after)
+        return _replayed(log, run_id, after, window)
     return window.events
+
+
+def renumbered(held: dict[str, Any], sent: dict[str, Any]) -> bool:
+    """Whether ``held``, the buffer's event at the seq a stream sent ``sent`` at, shows that the
+    run's seqs were numbered again since: another event there. A marker stored nowhere (a restart's
+    own) is not in the buffer to compare with."""
+    return sent.get("type") != MARKER and held != sent
+
+
+def restart(run_id: str) -> list[dict[str, Any]]:
+    """The run from its start, opened by a marker, for a stream whose seqs the run's no longer
+    number (``renumbered``): what a client ahead of the server gets, whatever the counter is."""
+    log = event_log()
+    run = Run.objects.filter(pk=run_id).first()
+    if run is None:
+        return []
+    top = log.window(run_id, 0).top
+    if run.status in TERMINAL:
+        built = rebuild(run)
+        return _restart(region(built, [], top), built.marker, top)
+    return _restart_active(log, run)
 
 
 def end_lost(run_ids: Collection[str]) -> set[str]:
@@ -159,11 +218,11 @@ def end_lost(run_ids: Collection[str]) -> set[str]:
     return set(settled)
 
 
-def settled_after(run_id: str, after: int) -> list[dict[str, Any]]:
+def settled_after(run_id: str, after: int, sent: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """``missed_after`` for a stream whose run has settled: its ``run.end`` included (``end_lost``)
     once it has been settled ``END_GRACE_SECONDS``."""
     end_lost([run_id])
-    return missed_after(run_id, after)
+    return missed_after(run_id, after, sent)
 
 
 def events_from_steps(run: Run) -> list[dict[str, Any]]:

@@ -13,20 +13,15 @@ it; older runs send live events only.
 Delivery: the channel layer is at most once (channels-redis silently drops a group message for a web
 process whose sockets are over the layer's capacity) and the contract is exactly once. Every event is
 in the replay buffer before it is sent to the layer, and carries its run's ``seq``, so a socket
-repairs what the layer lost: a live event after a gap makes it send the missing events from the
-buffer first (``gap``), and a stream that stays quiet while its run is active makes it read the
-buffer's tail (``late``: the lost event may be the last one, ``run.end``): after ``QUIET_SECONDS``,
-then less and less often, every ``QUIET_MAX_SECONDS`` at the least (``QUIET_WAITING_SECONDS`` while
-every run it follows waits for approval). At its first quiet check once ``STATUS_SECONDS`` have
-passed since the last (and when it connects), it also asks the database whether its runs settled:
-a ``run.end`` that never reached the buffer (the settling process died, or Redis refused the batch)
-is stored then (``replay.end_lost``) and sent like any late event, and runs settled a while ago are
-watched no more. A socket sends each run's events in seq order and skips what it has already sent.
-Every repair is logged (a warning) and counted: ``DROPS`` in this process, and the hash
-``chamvi:stream:drops`` in the queue's Redis for every web process (``redis-cli HGETALL
-chamvi:stream:drops``): ``gap`` and ``late`` count events sent from the buffer,
-``rebuilt`` the times the buffer no longer held them and the run was rebuilt from its stored steps
-(``replay.py``), ``unrepaired`` events that were neither.
+repairs what the layer lost, by the rules of ``streaming/cursor.py`` (shared with the SSE view): a
+gap is filled from the buffer, a quiet socket reads the buffer's tail now and then, and a run whose
+seqs were numbered anew is sent again from its start. At its first quiet read once
+``STATUS_SECONDS`` have passed since the last (and when it connects), a socket also asks the
+database whether its runs settled: a ``run.end`` that never reached the buffer (the settling process
+died, or Redis refused the batch) is stored then (``replay.end_lost``) and sent like any late event,
+and runs settled a while ago are watched no more. Every repair is logged (a warning) and counted:
+``DROPS`` in this process, and the hash ``chamvi:stream:drops`` in the queue's Redis for every web
+process (``redis-cli HGETALL chamvi:stream:drops``), by the kinds of ``cursor.drops``.
 
 Client messages (``input``, ``cancel``, ``approve``, ``deny``) are answered by
 ``socket_commands.py``, with the same policy as the HTTP API, for the user as they are now: each
@@ -52,8 +47,8 @@ from ..conf import conf
 from ..models import Run
 from ..policy import policy
 from ..streaming.broadcast import events_of, run_group
-from ..streaming.buffer import MARKER
-from ..streaming.replay import end_lost, missed_after, replay_after, restarts
+from ..streaming.cursor import Cursor, Reread, drops
+from ..streaming.replay import end_lost, missed_after, replay_for
 from .socket_auth import current_user, refused_token, subprotocol
 from .socket_commands import MAX_DEPTH, answer, error, malformed
 from .socket_query import BadQuery, after_of, query_of
@@ -64,9 +59,6 @@ FORBIDDEN = 4403
 BAD_REQUEST = 4400
 UNAUTHENTICATED = 4401
 THREAD_REPLAY_RUNS = 50
-QUIET_SECONDS = 1.0
-QUIET_MAX_SECONDS = 4.0
-QUIET_WAITING_SECONDS = 30.0
 # How often a quiet socket asks the database whether its active runs settled.
 STATUS_SECONDS = 60.0
 # How often a socket asks whether its session (or token) still authenticates its user, who may still
@@ -168,10 +160,9 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
 
     async def _open(self, groups: list[str], after: dict[str, int]) -> None:
         """Join ``groups``, replay the runs of ``after`` (run id -> seq), then watch for lost events."""
-        # Nothing at or before ``after`` is sent, live or replayed, but a restart (``_send_replayed``).
-        self.last_seq: dict[str, int] = dict(after)
-        self.active: set[str] = set(after)  # runs whose run.end this socket has not sent
-        self.waiting: set[str] = set()  # runs whose last event this socket sent is run.waiting
+        loop = asyncio.get_running_loop()
+        # Nothing at or before ``after`` is sent, live or replayed, but a restart.
+        self.cursor = Cursor(after, loop.time())
         self.lock = asyncio.Lock()
         # Join first, then replay: an event published in between arrives twice and is skipped by seq.
         for group in groups:
@@ -180,12 +171,13 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         self.allowed = True
         settled = await _in_thread(end_lost)(list(after))
         for run_id in after:
-            await self._send_replayed(run_id, await _in_thread(replay_after)(run_id, self.last_seq[run_id]))
+            replayed, held = await _in_thread(replay_for)(run_id, self.cursor.last[run_id])
+            self.cursor.know(held)
+            await self._send_all(self.cursor.take(replayed))
         # Settled a while ago, their end in the buffer: the replay sent what they will ever have (a
         # client that names a run at its end gets nothing, and must not be watched for more).
-        self.active -= settled
-        self.quiet = QUIET_SECONDS
-        self.heard = self.checked = self.rechecked = asyncio.get_running_loop().time()
+        self.cursor.unfollow(settled)
+        self.checked = self.rechecked = loop.time()
         self.watchdog = asyncio.ensure_future(self._watch())
 
     async def disconnect(self, code: int) -> None:
@@ -193,30 +185,11 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         if watchdog is not None:
             watchdog.cancel()
 
-    # --- delivery -----------------------------------------------------------------------------
+    # --- delivery (the rules are the cursor's: streaming/cursor.py) ---------------------------
 
-    async def _send_replayed(self, run_id: str, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Send what a replay or a repair brought; the events sent. A restart (the client, or this
-        socket, was ahead of the server) goes on from its marker's seq, which is at or below ours."""
-        if restarts(events, self.last_seq.get(run_id, 0)):
-            self.last_seq[run_id] = events[0]["seq"] - 1
-        return [e for e in events if await self._send_event(e)]
-
-    async def _send_event(self, event: dict[str, Any]) -> bool:
-        """Send ``event`` unless this socket has sent its seq (or a later one) of its run."""
-        run_id = event.get("run_id", "")
-        seq = event.get("seq")
-        if not isinstance(seq, int) or seq <= self.last_seq.get(run_id, 0):
-            return False
-        self.last_seq[run_id] = seq
-        if event.get("type") == "run.end":
-            self.active.discard(run_id)
-        if event.get("type") == "run.waiting":
-            self.waiting.add(run_id)
-        else:
-            self.waiting.discard(run_id)
-        await self.send_json(event)
-        return True
+    async def _send_all(self, events: list[dict[str, Any]]) -> None:
+        for event in events:
+            await self.send_json(event)
 
     async def chamvi_event(self, message: dict[str, Any]) -> None:
         for event in events_of(message):
@@ -224,45 +197,40 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
 
     async def _deliver(self, event: dict[str, Any]) -> None:
         """A live event: first what the layer lost before it, if anything."""
-        run_id, seq = event.get("run_id", ""), event.get("seq")
         async with self.lock:
-            if isinstance(seq, int) and seq > self.last_seq.get(run_id, 0) + 1:
+            reread = self.cursor.before_live(event)
+            if reread is not None:
                 try:
-                    await self._repair(run_id, before=seq)
+                    await self._repair(reread)
                 except Exception:
                     # Sending it now would leave the gap for good: the next live event or the quiet
                     # check fills the gap and sends this one from the buffer.
-                    logger.warning("run %s: could not fill a gap before seq %d", run_id, seq, exc_info=True)
+                    logger.warning(
+                        "run %s: could not repair before seq %s",
+                        reread.run_id,
+                        event.get("seq"),
+                        exc_info=True,
+                    )
                     return
             # Only what is sent counts as heard: live seqs below ours (the run's seqs were lost and
             # start over) leave the quiet check to find the restart.
-            if await self._send_event(event):
-                self.heard, self.quiet = asyncio.get_running_loop().time(), QUIET_SECONDS
+            await self._send_all(self.cursor.take([event], asyncio.get_running_loop().time()))
 
-    async def _repair(self, run_id: str, before: int | None = None) -> int:
-        """Send the run's buffered events this socket has not sent: those before ``before`` were
-        lost by the layer (a gap); without ``before``, those the layer did not deliver in time.
-        Returns how many events it sent."""
-        last = self.last_seq.get(run_id, 0)
-        events = await _in_thread(missed_after)(run_id, last)
-        rebuilt = any(e.get("type") == MARKER for e in events)
-        if before is not None and not rebuilt:
-            # Only the gap: an event after it that the layer also loses is counted at the next gap.
-            events = [e for e in events if e["seq"] < before]
-        sent = await self._send_replayed(run_id, events)
-        if rebuilt:
-            # The buffer no longer held them: the run was rebuilt from its steps (replay.py), and
-            # the client told so by the marker.
-            counts = {"rebuilt": 1}
-        else:
-            unrepaired = before - last - 1 - len(sent) if before is not None else 0
-            counts = {"gap" if before else "late": len(sent), "unrepaired": unrepaired}
-        counts = {kind: count for kind, count in counts.items() if count > 0}
+    async def _repair(self, reread: Reread) -> int:
+        """Send what ``reread`` finds in the buffer that this socket has not sent: what the layer
+        lost, or the run again from its start. Returns how many events it sent."""
+        answer = await _in_thread(missed_after)(reread.run_id, reread.after, reread.sent)
+        sent = self.cursor.repaired(reread, answer)
+        await self._send_all(sent)
+        counts = drops(reread, answer, sent)
         for kind, count in counts.items():
             await _count(kind, count)
         if counts:
             logger.warning(
-                "run %s: the channel layer did not deliver events after seq %d: %s", run_id, last, counts
+                "run %s: the channel layer did not deliver events after seq %d: %s",
+                reread.run_id,
+                reread.after,
+                counts,
             )
         return len(sent)
 
@@ -270,6 +238,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         """Read the buffer's tail of active runs whenever the stream has been quiet for a while: less
         and less often while nothing turns up."""
         loop = asyncio.get_running_loop()
+        cursor = self.cursor
         while True:
             if loop.time() >= self.rechecked + SESSION_SECONDS:
                 self.rechecked = loop.time()
@@ -281,30 +250,27 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
                 if code is not None:
                     await self.close(code=code)
                     return
-            wait = min(self.heard + self.quiet, self.rechecked + SESSION_SECONDS) - loop.time()
+            wait = min(cursor.quiet_until(), self.rechecked + SESSION_SECONDS) - loop.time()
             if wait > 0:
                 await asyncio.sleep(wait)
                 continue
             async with self.lock:
                 found = 0
                 settled: set[str] = set()
-                if self.active and loop.time() >= self.checked + STATUS_SECONDS:
+                if cursor.active and loop.time() >= self.checked + STATUS_SECONDS:
                     self.checked = loop.time()
                     try:
                         # A run.end may never have reached the buffer: the repair below reads it.
-                        settled = await _in_thread(end_lost)(sorted(self.active))
+                        settled = await _in_thread(end_lost)(sorted(cursor.active))
                     except Exception:  # a Redis or database hiccup: the repairs go on
                         logger.warning("could not look for runs that settled", exc_info=True)
                 try:
-                    for run_id in sorted(self.active):
-                        found += await self._repair(run_id)
-                    self.active -= settled
+                    for reread in cursor.quiet_reads():
+                        found += await self._repair(reread)
+                    cursor.unfollow(settled)
                 except Exception:  # a Redis or database hiccup: try again at the next quiet time
                     logger.warning("could not read the replay buffer", exc_info=True)
-                self.heard = loop.time()
-                # A run that is not waiting may go on at any moment, and its events may all be lost.
-                ceiling = QUIET_WAITING_SECONDS if self.active <= self.waiting else QUIET_MAX_SECONDS
-                self.quiet = QUIET_SECONDS if found else min(self.quiet * 2, ceiling)
+                cursor.read_quietly(loop.time(), found)
 
     # --- client -> server ---------------------------------------------------------------------
 

@@ -83,7 +83,7 @@ class ThreadConsumer(RunConsumer):
                 # A run started in the thread after this socket connected, or one older than the replay.
                 self.visible[run_id] = await database_sync_to_async(self._can_view)(run_id)
                 if self.visible[run_id]:
-                    self.active.add(run_id)
+                    self.cursor.follow(run_id)
             if self.visible[run_id]:
                 await self._deliver(event)
 

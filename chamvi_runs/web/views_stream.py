@@ -37,7 +37,8 @@ from ..core.numbers import ascii_int
 from ..core.states import TERMINAL
 from ..models import Run
 from ..streaming.broadcast import events_of, publisher, run_group
-from ..streaming.replay import missed_after, replay_after, restarts, settled_after
+from ..streaming.cursor import QUIET_SECONDS, Cursor, Reread
+from ..streaming.replay import missed_after, replay_for, settled_after
 from .errors import ApiError
 from .views_api import _run_for, api_view
 
@@ -46,8 +47,6 @@ logger = logging.getLogger(__name__)
 KEEPALIVE_SECONDS = 15.0
 SETTLE_GRACE_SECONDS = 2.0
 STATUS_SECONDS = 60.0
-QUIET_SECONDS = 1.0
-QUIET_MAX_SECONDS = 30.0
 NO_LAYER_POLL_SECONDS = 0.25
 
 T = TypeVar("T")
@@ -92,10 +91,15 @@ async def _briefly(fn: Callable[..., T], *args: Any) -> T:
     return await sync_to_async(call, thread_sensitive=False)()
 
 
-def _opening(run_id: str, after: int) -> tuple[list[dict[str, Any]], bool]:
-    """The replay after ``after``, and whether the run had settled (or was gone) before it."""
+def _opening(run_id: str, after: int) -> tuple[list[dict[str, Any]], dict[str, Any] | None, bool]:
+    """The replay after ``after``, the buffer's event at ``after`` (``replay.replay_for``), and
+    whether the run had settled (or was gone) before it."""
     settled = _settled(run_id)
-    return replay_after(run_id, after), settled
+    return *replay_for(run_id, after), settled
+
+
+def _read(reread: Reread) -> list[dict[str, Any]]:
+    return missed_after(reread.run_id, reread.after, reread.sent)
 
 
 def _settled(run_id: str) -> bool:
@@ -152,30 +156,14 @@ class _Follower:
                 logger.warning("SSE: could not leave %s", self.group, exc_info=True)
 
 
-class _Sent:
-    """What the stream has sent: the last seq, and whether that was the run's end."""
-
-    def __init__(self, after: int) -> None:
-        self.last = after
-        self.ended = False
-
-    def replayed(self, events: list[dict[str, Any]]) -> list[str]:
-        """The frames of what a replay or a repair brought: a restart (the client, or this stream,
-        was ahead of the server) goes on from its marker's seq, which is at or below ours."""
-        if restarts(events, self.last):
-            self.last = events[0]["seq"] - 1
-        return self.frames(events)
-
-    def frames(self, events: list[dict[str, Any]]) -> list[str]:
-        out = []
-        for event in events:
-            seq = event.get("seq")
-            if self.ended or not isinstance(seq, int) or seq <= self.last:
-                continue
-            self.last = seq
-            self.ended = event.get("type") == "run.end"
-            out.append(_frame(event))
-        return out
+def _frames(events: list[dict[str, Any]]) -> list[str]:
+    """The frames of ``events``, up to the run's end: the stream ends there."""
+    frames = []
+    for event in events:
+        frames.append(_frame(event))
+        if event.get("type") == "run.end":
+            break
+    return frames
 
 
 async def _events(run_id: str, after: int) -> AsyncIterator[str]:
@@ -188,40 +176,41 @@ async def _events(run_id: str, after: int) -> AsyncIterator[str]:
     try:
         # Join first, then replay: an event published in between arrives twice and is skipped by seq.
         await follower.join()
-        sent = _Sent(after)
-        events, settled = await _briefly(_opening, run_id, after)
-        for frame in sent.replayed(events):
-            yield frame
         loop = asyncio.get_running_loop()
+        # What is sent, and what to read from the buffer (the websocket's rules: streaming/cursor.py).
+        cursor = Cursor({run_id: after}, loop.time())
+        events, held, settled = await _briefly(_opening, run_id, after)
+        cursor.know(held)
+        for frame in _frames(cursor.take(events)):
+            yield frame
         now = loop.time()
-        spoke = heard = checked = now
+        spoke = checked = now
         settled_at = now if settled else None
-        quiet = QUIET_SECONDS
-        while not sent.ended:
-            deadlines = [spoke + KEEPALIVE_SECONDS, heard + quiet, checked + STATUS_SECONDS]
+        while run_id in cursor.active:
+            deadlines = [spoke + KEEPALIVE_SECONDS, cursor.quiet_until(), checked + STATUS_SECONDS]
             if settled_at is not None:
                 deadlines.append(settled_at + SETTLE_GRACE_SECONDS)
             live = await follower.next(min(deadlines) - loop.time())
             now = loop.time()
-            frames: list[str] = []
+            sent: list[dict[str, Any]] = []
             try:
                 for event in live or []:
-                    seq = event.get("seq")
-                    if isinstance(seq, int) and seq > sent.last + 1:
-                        frames += sent.replayed(await _briefly(missed_after, run_id, sent.last))
-                    frames += sent.frames([event])
-                if frames:
-                    heard, quiet = now, QUIET_SECONDS
+                    reread = cursor.before_live(event)
+                    if reread is not None:
+                        sent += cursor.repaired(reread, await _briefly(_read, reread))
+                    sent += cursor.take([event], now)
                 # Live seqs below ours (the run's seqs were lost and start over) are not heard: the
-                # quiet check finds the restart.
-                elif now >= heard + quiet:
-                    heard, quiet = now, min(quiet * 2, QUIET_MAX_SECONDS)
-                    frames = sent.replayed(await _briefly(missed_after, run_id, sent.last))
+                # quiet read finds the restart.
+                if not sent and now >= cursor.quiet_until():
+                    for reread in cursor.quiet_reads():
+                        sent += cursor.repaired(reread, await _briefly(_read, reread))
+                    cursor.read_quietly(now, len(sent))
                 if settled_at is None and now >= checked + STATUS_SECONDS:
                     checked = now
                     settled_at = now if await _briefly(_settled, run_id) else None
             except Exception:  # Redis or the database hiccuped: try again at the next quiet time
                 logger.warning("SSE: could not read run %s", run_id, exc_info=True)
+            frames = _frames(sent)
             for frame in frames:
                 yield frame
             if frames:
@@ -231,11 +220,12 @@ async def _events(run_id: str, after: int) -> AsyncIterator[str]:
                 # buffer has none (the process died or Redis refused it, or the run is gone): once
                 # the run has been settled END_GRACE_SECONDS it gets one, and the client its end.
                 try:
-                    ended = await _briefly(settled_after, run_id, sent.last)
+                    last = cursor.last[run_id]
+                    ended = await _briefly(settled_after, run_id, last, cursor.sent.get(run_id))
                 except Exception:  # Redis or the database hiccuped: the client reconnects
                     logger.warning("SSE: could not read run %s", run_id, exc_info=True)
                     return
-                for frame in sent.replayed(ended):
+                for frame in _frames(cursor.take(ended)):
                     yield frame
                 return
             elif now >= spoke + KEEPALIVE_SECONDS:
