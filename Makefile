@@ -1,4 +1,5 @@
 # make demo: embedded mode (SQLite, in-memory channel layer, in-process executor, offline model).
+# make check: the inner loop, no server needed: lint, formatting, layers, types and tests/unit.
 # make test: the whole suite against PostgreSQL and Redis (DATABASE_URL / REDIS_URL, default 127.0.0.1).
 PYTHON ?= python3
 VENV := .venv
@@ -15,7 +16,7 @@ DEV := $(VENV)/.installed-dev-$(CKSUM)
 HOST_PIP := $(shell $(PYTHON) -m pip --help 2>/dev/null | grep -q -- '--python <python>' && echo yes)
 PIP := $(if $(HOST_PIP),$(PYTHON) -m pip --python $(PY),$(PY) -m pip)
 
-.PHONY: demo test test-django6 soak bench bench-overhead bench-long worker tick clean screenshots
+.PHONY: demo lint check test test-django6 soak bench bench-overhead bench-long worker tick clean screenshots
 
 $(PY):
 	$(PYTHON) -m venv $(if $(HOST_PIP),--without-pip) $(VENV)
@@ -34,10 +35,19 @@ demo: $(BASE)
 	@echo "Serving on http://127.0.0.1:$(PORT)/ (Ctrl-C to stop)"
 	$(PY) -m daphne -b 127.0.0.1 -p $(PORT) project.asgi:application
 
-test: $(DEV)
+# What both check and test run first. `ruff format` covers the Python samples of README.md and docs/ too.
+lint: $(DEV)
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m mypy chamvi_runs
+
+# The unit tier needs no PostgreSQL or Redis (tests/unit/conftest.py refuses a test that asks for one).
+check: lint
+	$(PY) -m pytest tests/unit -q -p no:cacheprovider
+
+# The whole suite includes tests/unit: it runs once, here, not after check.
+test: lint
 	$(PY) manage.py makemigrations --check --dry-run --settings=tests.settings
 	$(PY) -m pytest
 
@@ -47,11 +57,11 @@ test: $(DEV)
 PYTHON6 ?= python3.12
 VENV6 := .venv-django6
 PY6 := $(VENV6)/bin/python
-DJANGO6_TESTS := tests/test_checks.py tests/test_admin.py tests/test_admin_stuck.py tests/test_pages.py \
+DJANGO6_TESTS := tests/unit/test_checks.py tests/test_admin.py tests/test_admin_stuck.py tests/test_pages.py \
 	tests/test_http_api.py tests/test_http_bad_input.py tests/test_http_scoping.py tests/test_websocket.py \
 	tests/test_sse.py tests/test_engine_basics.py tests/test_engine_failures.py \
 	tests/test_approvals_and_effects.py tests/test_claims_and_steering.py tests/test_prune.py \
-	tests/test_metrics.py tests/test_logs.py tests/test_migrations.py tests/test_asgi_app.py \
+	tests/test_metrics.py tests/test_logs.py tests/unit/test_migrations.py tests/test_asgi_app.py \
 	tests/test_docs_samples.py tests/test_fresh_site.py tests/test_conversation_http.py tests/test_history_parts.py
 
 test-django6:

@@ -48,4 +48,5 @@ def get_asgi_application() -> Any:
     start_embedded()
     return ProtocolTypeRouter({"http": http, "websocket": websocket_application()})
 
+
 __all__ = ["get_asgi_application", "start_embedded"]

@@ -1,7 +1,8 @@
 """Fixtures: the scripted model server, the real PostgreSQL and Redis, users and their clients.
 
-Only tests that use the database or Redis need those servers, so tests of pure code
-(tests/test_core.py, ...) run without them. A test that needs a server that does not answer fails
+Only tests that use the database or Redis need those servers: the autouse fixtures below start
+nothing and touch neither for any other test, so the unit tier (tests/unit, `make check`) runs
+with both down. A test that needs a server that does not answer fails
 with the server's URL, in CI as anywhere: never a skip, which CI would pass over in silence.
 """
 

@@ -92,9 +92,7 @@ def test_embedded_executor_starts_in_the_serving_process_not_in_checks(tmp_path,
         print("after first request:", status, sorted(n for n in names() if n.startswith("chamvi-janitor")))
         """
     ).replace("{application}", application)
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL", "OPENAI_API_KEY")
-    }
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL", "OPENAI_API_KEY")}
     env.update(DJANGO_SETTINGS_MODULE="project.settings", DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite3'}")
     done = subprocess.run(
         [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=50

@@ -49,7 +49,7 @@ def plain(*ids: str) -> list[Node]:
     return [Node(i) for i in ids]
 
 
-# The threads of tests/test_core_branches.py, and the cases a chat page meets.
+# The threads of tests/unit/test_core_branches.py, and the cases a chat page meets.
 CASES: list[list[Node]] = [
     plain("a"),
     plain("a", "b", "c"),

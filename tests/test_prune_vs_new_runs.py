@@ -117,6 +117,7 @@ def test_a_run_started_while_a_prune_deletes_its_thread_keeps_the_thread_its_own
     with connection.cursor() as cursor:
         cursor.execute(_HOLD_DELETE.format(hold=HOLD, table=Thread._meta.db_table))
         cursor.execute("SELECT pg_advisory_lock(%s)", [HOLD])
+
     def again() -> Run:
         return start_run("basic", "again", thread="t-gone", created_by=alice)
 

@@ -32,7 +32,7 @@ from chamvi_runs.core.types import ToolCall
 
 pytestmark = pytest.mark.timeout(30)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _assemble(*fragments) -> list[ToolCall]:
