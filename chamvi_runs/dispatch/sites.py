@@ -26,7 +26,7 @@ from django.db import Error, connections, router
 from django.db.migrations.recorder import MigrationRecorder
 
 from ..models import Run
-from .threads import JOB
+from ..modes import EXECUTE_RUN
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def foreign_site(job: Any) -> str | None:
     stamped by another site, for a run this database does not hold. None: this worker's to run (and
     when the database cannot tell now, the execution finds out what it can do, as ever). The caller
     closes the connection it may have opened (the worker's main thread keeps none)."""
-    if getattr(job, "func_name", None) != JOB:
+    if getattr(job, "func_name", None) != EXECUTE_RUN.path:
         return None
     meta = job.meta or {}
     site = meta.get(SITE)

@@ -1,101 +1,12 @@
-"""Threads of this process executing runs: the embedded executor (``EXECUTOR = "thread"``), and
-the ``CONCURRENCY`` executions of an RQ worker process. Like an RQ worker it calls the job by its
-dotted path, so dispatching imports no engine: the engine imports the doorbell, never the other
-way round."""
+"""Where ``worker.py``, ``dispatch/sites.py`` and ``tests/test_two_sites.py`` still import the
+executor threads and the jobs from: both moved to ``chamvi_runs.modes`` (``threads.py``,
+``jobs.py``), below dispatch and streaming, which both ask the mode. Remove this module once those
+import from there."""
 
-from __future__ import annotations
+from ..modes.jobs import EXECUTE as EXECUTION
+from ..modes.jobs import EXECUTE_RUN
+from ..modes.threads import ThreadExecutor
 
-import logging
-import queue
-import threading
-from collections.abc import Callable
+JOB = EXECUTE_RUN.path
 
-from django.db import close_old_connections
-from django.utils.module_loading import import_string
-
-from ..core.types import AbortSignal
-
-logger = logging.getLogger(__name__)
-
-# What a doorbell asks to be called with the run id, in RQ and here.
-JOB = "chamvi_runs.jobs.execute_run"
-# What a thread of an RQ worker calls: the execution itself (the job hands the run over).
-EXECUTION = "chamvi_runs.runtime.engine.execute"
-
-
-class ThreadExecutor:
-    """``size`` daemon threads executing runs of this process, each run id once at a time.
-
-    A thread keeps its database connection from run to run, as the process's settings say
-    (``close_old_connections``: persistent in a worker, per run under ``CONN_MAX_AGE = 0``, back to
-    the pool with one)."""
-
-    def __init__(self, size: int = 4, *, job: str = JOB, shutdown: AbortSignal | None = None) -> None:
-        self.queue: queue.Queue[str] = queue.Queue()
-        self._pending: set[str] = set()
-        self._busy = 0
-        self._lock = threading.Condition()
-        self._job = job
-        self.size = size
-        self.shutdown = shutdown or AbortSignal()
-        self.threads = [
-            threading.Thread(target=self._work, name=f"chamvi-exec-{n}", daemon=True) for n in range(size)
-        ]
-        for thread in self.threads:
-            thread.start()
-
-    def submit(self, run_id: str) -> None:
-        with self._lock:
-            if run_id in self._pending:
-                return
-            self._pending.add(run_id)
-        self.queue.put(run_id)
-
-    def pending(self) -> set[str]:
-        with self._lock:
-            return set(self._pending)
-
-    def wait_for_free(self, timeout: float | None) -> bool:
-        """Wait until a thread could start a run now. False: all were busy for ``timeout``."""
-        with self._lock:
-            return self._lock.wait_for(lambda: self._busy + len(self._pending) < self.size, timeout)
-
-    def wait_idle(self, timeout: float | None) -> bool:
-        """Wait until no run is executing or waiting for a thread."""
-        with self._lock:
-            return self._lock.wait_for(lambda: not self._busy and not self._pending, timeout)
-
-    def busy(self) -> int:
-        with self._lock:
-            return self._busy + len(self._pending)
-
-    def _work(self) -> None:
-        job: Callable[..., object] = import_string(self._job)
-        while True:
-            run_id = self.queue.get()
-            with self._lock:
-                self._pending.discard(run_id)
-                self._busy += 1
-            try:
-                close_old_connections()
-                job(run_id, shutdown=self.shutdown)
-            except Exception:
-                logger.exception("run %s: execution failed", run_id)
-            finally:
-                close_old_connections()
-                with self._lock:
-                    self._busy -= 1
-                    self._lock.notify_all()
-                self.queue.task_done()
-
-
-_executor: ThreadExecutor | None = None
-_executor_lock = threading.Lock()
-
-
-def thread_executor() -> ThreadExecutor:
-    global _executor
-    with _executor_lock:
-        if _executor is None:
-            _executor = ThreadExecutor()
-        return _executor
+__all__ = ["EXECUTION", "JOB", "ThreadExecutor"]

@@ -1,4 +1,4 @@
-"""Embedded mode (``EXECUTOR = "thread"``): one process serves, executes and recovers. Starts the
+"""Embedded mode (``modes.Embedded``): one process serves, executes and recovers. Starts the
 executor threads and a janitor thread, once, when the ASGI application asks for them."""
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from contextlib import contextmanager
 
 from django.db import connection
 
-from ..conf import conf
-from ..dispatch.threads import thread_executor
+from ..modes import Embedded, mode
 
 logger = logging.getLogger(__name__)
 
@@ -53,15 +52,16 @@ def embedded_requested() -> bool:
 
 
 def start_embedded(interval: float = 2.0) -> None:
-    """Start the executor threads and a janitor thread in this process. Idempotent; no-op with RQ.
+    """Start the executor threads and a janitor thread in this process. Idempotent; no-op in workers mode.
     ``chamvi_runs.asgi.get_asgi_application()`` calls it for you."""
-    if conf.EXECUTOR != "thread":
+    site = mode()
+    if not isinstance(site, Embedded):
         return
     with _embedded.lock:
         _embedded.requested = True
         if _embedded.started or _embedded.inspecting:
             return
-        thread_executor()
+        site.executor()
         _embedded.started = True
     threading.Thread(target=_janitor_loop, args=(interval,), name="chamvi-janitor", daemon=True).start()
 

@@ -43,8 +43,8 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.contrib.auth.models import AnonymousUser
 from django.db import close_old_connections
 
-from ..conf import conf
 from ..models import Run
+from ..modes import mode
 from ..policy import policy
 from ..streaming.broadcast import events_of, run_group
 from ..streaming.cursor import Cursor, Reread, drops
@@ -87,17 +87,7 @@ def _in_thread(fn: Any) -> Any:
 
 async def _count(kind: str, count: int) -> None:
     DROPS[kind] += count
-    if conf.EXECUTOR == "rq":
-        await _in_thread(_count_in_redis)(kind, count)
-
-
-def _count_in_redis(kind: str, count: int) -> None:
-    import django_rq
-
-    try:
-        django_rq.get_connection(conf.QUEUE).hincrby(DROPS_KEY, kind, count)
-    except Exception:  # the counter is for operators; failing to count must not end a stream
-        logger.warning("could not count %d %s events in %s", count, kind, DROPS_KEY, exc_info=True)
+    await _in_thread(mode().count_drops)(DROPS_KEY, kind, count)
 
 
 class RunConsumer(AsyncJsonWebsocketConsumer):

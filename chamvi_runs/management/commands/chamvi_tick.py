@@ -16,7 +16,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections, connection
 
-from chamvi_runs.conf import conf
+from chamvi_runs.modes import mode
 from chamvi_runs.runtime.janitor import TickReport, tick_once
 
 logger = logging.getLogger(__name__)
@@ -34,8 +34,7 @@ def _where() -> str:
     """The queue and the database the passes work on (never a password)."""
     db = connection.settings_dict
     place = f"{db.get('HOST') or 'local socket'}{':' + str(db['PORT']) if db.get('PORT') else ''}"
-    executor = f'queue "{conf.QUEUE}"' if conf.EXECUTOR == "rq" else "the embedded executor"
-    return f'{executor}, database {connection.vendor} "{db.get("NAME")}" on {place}'
+    return f'{mode()}, database {connection.vendor} "{db.get("NAME")}" on {place}'
 
 
 class Command(BaseCommand):
