@@ -85,15 +85,15 @@ screenshots: $(DEV)
 # The peers and matplotlib go into venvs of their own under $CHAMVI_BENCH_HOME, never into $(VENV).
 # BENCH_ARGS passes options, e.g. make bench BENCH_ARGS="--systems bare,chamvi --reps 1".
 bench: $(DEV)
-	$(PY) bench/compare.py $(BENCH_ARGS)
+	$(PY) -m bench.compare $(BENCH_ARGS)
 
 # The engine's in-process overhead against the bare openai client (docs/performance.md).
 bench-overhead: $(DEV)
-	$(PY) bench/overhead.py
+	$(PY) -m bench.overhead
 
 # A step's cost as a run grows to 20, 100 and 200 tool turns (docs/performance.md).
 bench-long: $(DEV)
-	$(PY) bench/long_run.py
+	$(PY) -m bench.long_run
 
 worker: $(BASE)
 	$(PY) manage.py rqworker chamvi

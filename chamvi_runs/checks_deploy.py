@@ -31,7 +31,7 @@ from .conf import DEFAULTS
 def check_persistent_connections(app_configs: Any = None, **kwargs: Any) -> list[Error | Warning]:
     """E027 / W007: under ASGI, Django runs each request's sync code (views, middleware) in a
     thread of its own; a connection kept past the request stays with the finished thread until the
-    garbage collector happens to free it. bench/conn_leak.py: 240 page loads left 10 to 19 idle
+    garbage collector happens to free it. bench/conn_leak/: 240 page loads left 10 to 19 idle
     connections behind with ``CONN_MAX_AGE = 500`` (up to 21 at once), none with 0, two with
     Django's pool."""
     if not getattr(settings, "ASGI_APPLICATION", None):

@@ -140,7 +140,7 @@ if REDIS_URL:
         "default": {
             # Redis pub/sub: a group send is one PUBLISH, and a web process reads every message of
             # its groups from one subscription (the list-based core layer takes one blocking pop per
-            # message). Measured with bench/stream_latency.py: 3 times less daphne CPU per event and
+            # message). Measured with bench/stream_latency/: 3 times less daphne CPU per event and
             # 10 times lower latency at 20 concurrent streams. Pub/sub keeps nothing for a socket
             # that is away; the consumers fill any gap from the replay buffer (docs/streaming.md).
             "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",

@@ -1,4 +1,4 @@
-"""The comparative bench (bench/compare.py, ``make bench``) starts and writes its table: the bare
+"""The comparative bench (bench/compare/, ``make bench``) starts and writes its table: the bare
 calls and chamvi_runs through a real rqworker, one repetition of two runs. The peers' venvs and the
 chart are left out (they install packages); databases chamvi_bench_smoke_*, Redis db 11, and its
 output in a temporary folder, so it collides neither with the real bench nor with docs/."""
@@ -22,7 +22,7 @@ def test_the_bench_writes_a_table_for_chamvi_and_the_bare_calls(tmp_path: Path) 
     require("DATABASE_URL")
     require("REDIS_URL")
     env = dict(os.environ, CHAMVI_BENCH_HOME=str(tmp_path / "home"))
-    command = [sys.executable, "bench/compare.py", "--smoke", "--runs", "2", "--out-dir", str(tmp_path)]
+    command = [sys.executable, "-m", "bench.compare", "--smoke", "--runs", "2", "--out-dir", str(tmp_path)]
     command += ["--db-prefix", "chamvi_bench_smoke_", "--redis-db", "11"]
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=80)
     assert result.returncode == 0, result.stdout + result.stderr

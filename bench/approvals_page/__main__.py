@@ -9,8 +9,8 @@ the peak of Python memory one request allocates (tracemalloc, in a request of it
 slows the code), the SQL statements it ran and the bytes of HTML served; then the ratios of the
 figures at ``--runs`` waiting runs to the baseline's.
 
-    .venv/bin/python bench/approvals_page.py
-    .venv/bin/python bench/approvals_page.py --runs 5000 --keep-db
+    .venv/bin/python -m bench.approvals_page
+    .venv/bin/python -m bench.approvals_page --runs 5000 --keep-db
 """
 
 from __future__ import annotations
@@ -20,18 +20,13 @@ import os
 import random
 import statistics
 import string
-import sys
 import time
 import tracemalloc
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
-import psycopg
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.common import databases
 
 PG = os.environ.get("CHAMVI_BENCH_PG", "postgres://postgres@127.0.0.1:5432")
 PAGE = "/chamvi/approvals/"
@@ -50,15 +45,17 @@ def parse() -> argparse.Namespace:
 
 def recreate_database(name: str, drop_only: bool = False) -> None:
     assert name.startswith("chamvi_approvals"), name
-    with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        if not drop_only:
-            conn.execute(f'CREATE DATABASE "{name}"')
+    if drop_only:
+        databases.drop(PG, name)
+    else:
+        databases.recreate(PG, name)
 
 
 def setup_django(database: str) -> None:
     os.environ.update(
-        DJANGO_SETTINGS_MODULE="bench.settings", DATABASE_URL=f"{PG}/{database}", CHAMVI_LOG_LEVEL="WARNING"
+        DJANGO_SETTINGS_MODULE="bench.common.settings",
+        DATABASE_URL=f"{PG}/{database}",
+        CHAMVI_LOG_LEVEL="WARNING",
     )
     os.environ.pop("REDIS_URL", None)  # the page enqueues nothing
     import django

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
-from bench.procstat import cpu_ms_of
+from bench.common.procstat import cpu_ms_of
 
 
 def server_url() -> str:

@@ -1,43 +1,30 @@
-"""The thinking model: every chat completion waits ``think`` seconds before its first chunk, then
-streams the same short answer. Run as its own process (``python -m bench.concurrency.server``) so
-that its 200 sleeping streams share no GIL with the driver's sampling; it prints its port.
+"""The tests' scripted model (``tests.scripted``: one thread per request) as a process of its own,
+so that its streams share no GIL with what a bench measures. A bench's model module answers with
+its own replies (bench.compare.workload_model, bench.concurrency.thinking_model): it calls
+``serve``, which prints ``{"base_url": ..., "pid": ...}`` and serves until stdin closes.
 
-It is the tests' scripted server (``tests.scripted``: one thread per request) with a listen backlog
-large enough for every run to connect at once (socketserver's default of 5 would make the kernel
-drop SYNs, and the clients would retry them a second later) and a ``GET /stats`` of its own."""
+The server's listen backlog is large enough for every run to connect at once (socketserver's default
+of 5 would make the kernel drop SYNs, and the clients would retry them a second later), and
+``GET /v1/stats`` says how many requests it served and how many streams it held at once at most."""
 
 from __future__ import annotations
 
-import argparse
+import json
+import os
+import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import urllib.request
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from bench.common import ROOT
 from tests.scripted.handler import ScriptedHandler, ScriptedHTTPServer
 from tests.scripted.state import ServerState
-from tests.scripted_server import Reply, delay, finish, text, usage
+from tests.scripted_server import Reply
 
-MODEL = "m-basic"
-
-
-def answer_chunks(chunks: int) -> list[str]:
-    """The answer's text chunks: numbered, so that a lost or repeated chunk shows in the stored text."""
-    return [f"part{n:02d} " for n in range(chunks)]
-
-
-def answer(chunks: int) -> str:
-    return "".join(answer_chunks(chunks))
-
-
-def reply(think: float, chunks: int, gap: float) -> Reply:
-    events: list[Any] = [delay(think)]
-    for piece in answer_chunks(chunks):
-        events.append(text(piece))
-        if gap:
-            events.append(delay(gap))
-    return Reply(*events, finish("stop"), usage(20, chunks))
+Responder = Callable[[dict[str, Any]], Reply]
 
 
 class BenchHTTPServer(ScriptedHTTPServer):
@@ -66,38 +53,46 @@ class BenchHandler(ScriptedHandler):
             super().do_GET()
 
 
-WARMUP = "warmup"
-"""A run whose payload holds this word gets its answer without thinking: it only warms a worker up
-(imports, the client's first connection) before the measured batches."""
-
-
-def serve(think: float, chunks: int, gap: float) -> None:
+def serve(responders: dict[str, Responder]) -> None:
+    """Answer each model of ``responders`` with its replies until stdin closes: the parent closes it
+    when it is done, and it closes too should the parent die."""
     state = ServerState()
-
-    def respond(body: dict[str, Any]) -> Reply:
-        warm = WARMUP in str(body.get("messages"))
-        return reply(0 if warm else think, chunks, gap)
-
-    state.responders[MODEL] = respond
+    state.responders.update(responders)
     httpd = BenchHTTPServer(("127.0.0.1", 0), BenchHandler)
     httpd.state = state
-    print(httpd.server_address[1], flush=True)
     thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
-    # The driver closes our stdin when it is done (or dies): that is our signal to leave.
+    base_url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    print(json.dumps({"base_url": base_url, "pid": os.getpid()}), flush=True)
     sys.stdin.read()
     state.stopping.set()
     httpd.shutdown()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--think", type=float, default=10.0)
-    parser.add_argument("--chunks", type=int, default=20)
-    parser.add_argument("--gap", type=float, default=0.01, help="seconds between answer chunks")
-    args = parser.parse_args()
-    serve(args.think, args.chunks, args.gap)
+class ScriptedModel:
+    """``python -m <module> <args>`` (a module that calls ``serve``), listening at ``base_url``."""
 
+    def __init__(self, module: str, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        self.base_url = str(json.loads(self.proc.stdout.readline())["base_url"])
 
-if __name__ == "__main__":
-    main()
+    def stats(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{self.base_url}/stats", timeout=5) as response:
+            return dict(json.loads(response.read()))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)

@@ -1,5 +1,6 @@
-"""A bench-only Chat Completions server that streams paced SSE chunks whose text embeds the moment
-each chunk was sent (``stamps.stamp()``, taken right before the write).
+"""The model of the latency benches (bench.stream_latency, bench.recovery): a Chat Completions server
+that streams paced SSE chunks whose text embeds the moment each chunk was sent (``stamps.stamp()``,
+taken right before the write).
 
 tests/scripted builds a reply's text when the reply is chosen, before streaming starts, so it cannot
 stamp at send time; this server can. It answers every request alike (the model name is ignored):
@@ -9,7 +10,9 @@ and one with a tool result a short final answer: two model calls, so a run write
 completes. With ``--gated``, requests wait before streaming until ``POST /control/go``, so that all
 runs of a round stream at once and every client is subscribed before the first chunk.
 
-    python -m bench.latency.model_server --port 8870 --chunks 100 --pace 0.02 --gated
+    python -m bench.common.stamping_model --port 8870 --chunks 100 --pace 0.02 --gated
+
+``StampingModel`` starts it as a process of its own and drives its gate.
 """
 
 from __future__ import annotations
@@ -17,13 +20,16 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import random
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
 
-from bench.latency.stamps import stamp
+from bench.common.stack import Process, http, reachable, wait_for
+from bench.common.stamps import stamp
 
 FILLER = "abcdefghijklmnopqrstuvwxyz"
 
@@ -153,6 +159,28 @@ class Handler(BaseHTTPRequestHandler):
         data = text.encode()
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
         self.wfile.flush()
+
+
+class StampingModel(Process):
+    """This server in a process of its own, on ``port``, with the command line's ``options``."""
+
+    def __init__(self, port: int, *options: str) -> None:
+        self.port = port
+        args = [sys.executable, "-m", "bench.common.stamping_model", "--port", str(port), *options]
+        super().__init__("model", args, dict(os.environ, PYTHONUNBUFFERED="1"))
+        wait_for(lambda: reachable(self.url("/control/status")), 20, "the model server")
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def status(self) -> dict[str, Any]:
+        return http("GET", self.url("/control/status"))
+
+    def go(self) -> None:
+        http("POST", self.url("/control/go"))
+
+    def arm(self) -> None:
+        http("POST", self.url("/control/arm"))
 
 
 def main() -> None:

@@ -1,9 +1,9 @@
 """chamvi_runs beside its peers, on one workload: ``make bench``.
 
     make bench                                   # 3 repetitions, all five systems, instant pacing
-    .venv/bin/python bench/compare.py --systems bare,chamvi --reps 1 --runs 20
-    .venv/bin/python bench/compare.py --paced --reps 1   # 20 ms before every chunk
-    .venv/bin/python bench/compare.py --smoke            # bare + chamvi, 1 rep, 3 runs (tests)
+    .venv/bin/python -m bench.compare --systems bare,chamvi --reps 1 --runs 20
+    .venv/bin/python -m bench.compare --paced --reps 1   # 20 ms before every chunk
+    .venv/bin/python -m bench.compare --smoke            # bare + chamvi, 1 rep, 3 runs (tests)
 
 Systems are interleaved inside every repetition (rep 1: every system, rep 2: every system, ...),
 so drifting machine load spreads over all of them. Each system runs in a process of its own (in
@@ -23,13 +23,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench import report, venvs  # noqa: E402
-from bench.cell import SYSTEMS, Settings, measure  # noqa: E402
-from bench.docs import write_doc  # noqa: E402
-from bench.pgstats import Server  # noqa: E402
+from bench.common import ROOT
+from bench.common.pgstats import Server
+from bench.compare import tables, venvs
+from bench.compare.cell import SYSTEMS, Settings, measure
+from bench.compare.docs import write_doc
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -161,12 +159,14 @@ def publish(data: dict[str, Any], args: argparse.Namespace, cells_path: Path) ->
 
         chart = args.out_dir / "benchmarks.png"
         python = str(venvs.python_for("report"))
-        subprocess.run([python, "-m", "bench.chart", str(cells_path), str(chart)], cwd=ROOT, check=True)
+        subprocess.run(
+            [python, "-m", "bench.compare.chart", str(cells_path), str(chart)], cwd=ROOT, check=True
+        )
     doc = write_doc(data, args.out_dir / "benchmarks.md", chart)
     print()
-    print(report.table(data["cells"]))
+    print(tables.table(data["cells"]))
     print()
-    print(report.ratio_table(data["cells"]))
+    print(tables.ratio_table(data["cells"]))
     print(f"\nwrote {doc}" + (f" and {chart}" if chart else "") + f"; cells in {cells_path}")
 
 

@@ -1,11 +1,11 @@
 """The bench's support agent, through chamvi_runs' public API only: one agent per pacing, each
-naming the scripted model that paces its stream (bench/model_server.py)."""
+naming the scripted model that paces its stream (workload_model.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from bench import workload
+from bench.compare import workload
 from chamvi_runs import Agent, Budget, effect_tool, tool
 
 

@@ -1,6 +1,8 @@
 from django.apps import AppConfig
 
 
-class BenchAgentsConfig(AppConfig):
-    name = "bench.bench_agents"
-    label = "bench_agents"
+class CompareConfig(AppConfig):
+    """The comparison as a Django app: its agents.py holds the agents chamvi_runs executes."""
+
+    name = "bench.compare"
+    label = "bench_compare"

@@ -12,18 +12,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from bench import venvs
-from bench.pgstats import Server, dsn
-from bench.procstat import cpu_ms
-
-ROOT = Path(__file__).resolve().parent.parent
+from bench.common import ROOT
+from bench.common.pgstats import Server, dsn
+from bench.common.procstat import cpu_ms
+from bench.compare import venvs
 
 
 @dataclass(frozen=True)
 class SystemSpec:
     name: str
-    venv: str  # bench/venvs.py name; "project" for the project's own .venv
-    module: str  # bench.systems.<module>
+    venv: str  # a name of venvs.py; "project" for the project's own .venv
+    module: str  # bench.compare.systems.<module>
     database: bool  # whether it writes to PostgreSQL
 
 
@@ -111,7 +110,7 @@ def measure(spec: SystemSpec, rep: int, settings: Settings, server: Server) -> d
     database = settings.db_prefix + spec.name
     model_log = settings.log_dir / f"model-{label}.log"
     driver_log = settings.log_dir / f"driver-{label}.log"
-    model = _spawn(venvs.PROJECT_PYTHON, ["bench/model_server.py"], model_log)
+    model = _spawn(venvs.PROJECT_PYTHON, ["-m", "bench.compare.workload_model"], model_log)
     try:
         assert model.stdout is not None
         model_url = str(Lines(model.stdout).next(30, "the model server's address", model_log)["base_url"])
@@ -128,10 +127,10 @@ def measure(spec: SystemSpec, rep: int, settings: Settings, server: Server) -> d
         }
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         if settings.concurrency:
-            env["CHAMVI_BENCH_CONCURRENCY"] = str(settings.concurrency)
+            env["CHAMVI_CONCURRENCY"] = str(settings.concurrency)
         driver = _spawn(
             venvs.python_for(spec.venv),
-            ["-m", f"bench.systems.{spec.module}", json.dumps(cfg)],
+            ["-m", f"bench.compare.systems.{spec.module}", json.dumps(cfg)],
             driver_log,
             env,
         )

@@ -1,7 +1,7 @@
 """The chart of docs/benchmarks.png, drawn by matplotlib from the bench's cells; runs in the bench's
 ``report`` venv (matplotlib is no dependency of the project):
 
-    python -m bench.chart cells.json benchmarks.png
+    python -m bench.compare.chart cells.json benchmarks.png
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from bench.report import summary
+from bench.compare.tables import summary
 
 PANELS = [
     ("runs_per_s", "runs/s (one worker process; log scale)"),

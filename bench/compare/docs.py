@@ -1,4 +1,4 @@
-"""docs/benchmarks.md, written from one run of bench/compare.py."""
+"""docs/benchmarks.md, written from one run of ``python -m bench.compare``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from bench import report, workload
+from bench.compare import tables, workload
 from chamvi_runs.conf import DEFAULTS
 
 SECTIONS = Path(__file__).with_name("doc_sections.md")
@@ -47,11 +47,11 @@ def write_doc(data: dict[str, Any], path: Path, chart: Path | None) -> Path:
     parts = [
         "# Benchmarks: chamvi_runs beside its peers",
         "",
-        f"Written by `make bench` (bench/compare.py) on {data['date']}: {data['pacing']} pacing, "
+        f"Written by `make bench` (bench/compare/) on {data['date']}: {data['pacing']} pacing, "
         f"{reps}, {data['runs']} runs per system per repetition, systems interleaved "
         f"inside each repetition; {data['minutes']:.0f} minutes in all, 1-minute load average "
-        f"{min(loads):.1f}{report.DASH}{max(loads):.1f} at the cells' ends. Figures are medians, with "
-        f"min{report.DASH}max over the repetitions in parentheses. Everything runs on one machine, "
+        f"{min(loads):.1f}{tables.DASH}{max(loads):.1f} at the cells' ends. Figures are medians, with "
+        f"min{tables.DASH}max over the repetitions in parentheses. Everything runs on one machine, "
         "against a local scripted model: the numbers are the systems' own costs, which a real model's "
         "latency would dwarf. Read "
         "ratios rather than absolute times: the machine is shared and its speed drifts.",
@@ -65,15 +65,15 @@ def write_doc(data: dict[str, Any], path: Path, chart: Path | None) -> Path:
         "",
         "## Results",
         "",
-        report.table(cells),
+        tables.table(cells),
         "",
         "Against the ceilings, per repetition:",
         "",
-        report.ratio_table(cells),
+        tables.ratio_table(cells),
         "",
         "CPU beside the worker (chamvi's producer runs `start_run` and watches for the runs to settle):",
         "",
-        report.side_table(cells),
+        tables.side_table(cells),
         "",
     ]
     if chart is not None:

@@ -13,7 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench.common import ROOT
+
 PROJECT_PYTHON = ROOT / ".venv" / "bin" / "python"
 
 # What each venv holds. bare, rawsql and chamvi use the project's own venv: the same openai and

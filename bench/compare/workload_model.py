@@ -1,25 +1,22 @@
-"""The scripted OpenAI-compatible model of the bench, as a process of its own.
+"""The scripted model of the peer comparison, in a process of its own (bench/common/scripted_model.py)
+that serves until its stdin closes.
 
-    .venv/bin/python bench/model_server.py   # prints {"base_url": ..., "pid": ...}; serves till stdin closes
+    .venv/bin/python -m bench.compare.workload_model   # prints {"base_url": ..., "pid": ...}
 
-It is tests/scripted_server.py's server, answering every request from the history it carries
-(``bench.workload.turn_for``): model ``bench-instant`` sends its chunks back to back, ``bench-paced``
-waits 20 ms before every chunk, as a real model streams.
+It answers every request from the history it carries (``bench.compare.workload.turn_for``): model
+``bench-instant`` sends its chunks back to back, ``bench-paced`` waits 20 ms before every chunk, as
+a real model streams.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench import workload  # noqa: E402
-from tests.scripted_server import Event, Reply, ScriptedServer, delay, finish, text, tool_call, usage  # noqa: E402
+from bench.common.scripted_model import serve
+from bench.compare import workload
+from tests.scripted_server import Event, Reply, delay, finish, text, tool_call, usage
 
 
 def reply_for(body: dict[str, Any], paced: bool) -> Reply:
@@ -36,14 +33,10 @@ def reply_for(body: dict[str, Any], paced: bool) -> Reply:
     return Reply(*events)
 
 
-def main() -> None:
-    with ScriptedServer() as server:
-        server.respond(workload.MODELS["instant"], lambda body: reply_for(body, paced=False))
-        server.respond(workload.MODELS["paced"], lambda body: reply_for(body, paced=True))
-        print(json.dumps({"base_url": server.base_url, "pid": os.getpid()}), flush=True)
-        # The parent closes our stdin to stop us; it also ends us should the parent die.
-        sys.stdin.read()
-
-
 if __name__ == "__main__":
-    main()
+    serve(
+        {
+            workload.MODELS["instant"]: lambda body: reply_for(body, paced=False),
+            workload.MODELS["paced"]: lambda body: reply_for(body, paced=True),
+        }
+    )

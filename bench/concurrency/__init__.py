@@ -1,5 +1,5 @@
-"""Many concurrent runs on a few worker processes: ``bench/concurrency.py`` is the entry point.
+"""Many concurrent runs on a few worker processes (``python -m bench.concurrency``).
 
-One module per job: ``server`` (the thinking model), ``procs`` (worker and server processes),
-``resources`` (the bench's own database and Redis db), ``sample`` (RSS, CPU, connections),
-``phase`` (one measured batch of runs), ``report`` (the figures as text or JSON)."""
+One module per job: ``thinking_model`` (the model), ``resources`` (the bench's own database and Redis
+db, the workers' environment), ``sample`` (RSS, CPU, connections), ``phase`` (one measured batch of
+runs), ``figures`` (the figures as text or JSON); the processes are bench.common's."""

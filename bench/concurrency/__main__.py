@@ -1,8 +1,8 @@
 """Many concurrent runs on a few worker processes, measured for real.
 
-    .venv/bin/python bench/concurrency.py [--runs 200 --workers 2 --concurrency 100 --pool 10 --think 10]
-    .venv/bin/python bench/concurrency.py --runs 20 --think 2      # quick
-    .venv/bin/python bench/concurrency.py --json                    # one JSON line of the figures
+    .venv/bin/python -m bench.concurrency [--runs 200 --workers 2 --concurrency 100 --pool 10 --think 10]
+    .venv/bin/python -m bench.concurrency --runs 20 --think 2      # quick
+    .venv/bin/python -m bench.concurrency --json                    # one JSON line of the figures
 
 A scripted model thinks ``--think`` seconds before it streams a short answer, so runs share waiting,
 not CPU. W ``manage.py rqworker chamvi`` processes (CHAMVI_CONCURRENCY=C, a pool of P connections
@@ -20,11 +20,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench.concurrency import resources  # noqa: E402
-from bench.concurrency.procs import ModelServer, Worker, start_workers, worker_env  # noqa: E402
+from bench.common.scripted_model import ScriptedModel
+from bench.common.stack import Worker, start_workers
+from bench.concurrency import resources
 
 
 def parse() -> argparse.Namespace:
@@ -62,21 +60,23 @@ def main() -> int:
     setup_django()
     from django.core.management import call_command
 
-    from bench.concurrency import report
+    from bench.concurrency import figures
     from bench.concurrency.phase import run_batch
-    from bench.concurrency.server import WARMUP, answer
+    from bench.concurrency.thinking_model import WARMUP, answer
 
     call_command("flush", interactive=False, verbosity=0)  # the previous invocation's runs
     logs = Path(tempfile.mkdtemp(prefix="chamvi-conc-bench-"))
     timeout = args.timeout or 3 * args.think + 60 + args.runs * 0.5
     expected = answer(args.chunks)
-    server = ModelServer(args.think, args.chunks, args.gap)
+    think = ["--think", str(args.think), "--chunks", str(args.chunks), "--gap", str(args.gap)]
+    server = ScriptedModel("bench.concurrency.thinking_model", *think)
     workers: list[Worker] = []
     try:
-        env = worker_env(
-            resources.database_url(args.pool or None), resources.REDIS_URL, server.base_url, args.concurrency
+        env = resources.worker_env(
+            resources.database_url(args.pool or None), server.base_url, args.concurrency
         )
-        workers = start_workers(args.workers, env, logs)
+        # SIGTERM drains a worker: nothing of ours runs by then, but its threads may take a while.
+        workers = start_workers(args.workers, env, logs=logs, grace=40)
         # Every worker executes a run before anything is measured, so that its idle RSS is warm.
         warmed = [0] * len(workers)
         for _ in range(5):  # which worker takes a job is RQ's choice: again until each had one
@@ -100,8 +100,8 @@ def main() -> int:
     # The machine may be shared: its load says how far the CPU figures are this bench's own.
     config["cpus"] = os.cpu_count()
     config["loadavg_1m_start_end"] = [load_start, round(os.getloadavg()[0], 2)]
-    result = report.figures(config, baseline, batch, resources.max_connections())
-    print(report.dump(result) if args.json else report.text(result))
+    result = figures.figures(config, baseline, batch, resources.max_connections())
+    print(figures.dump(result) if args.json else figures.text(result))
     return 0 if result["ok"] else 1
 
 

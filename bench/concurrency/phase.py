@@ -11,11 +11,13 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from bench.common.procstat import cpu_ms, rss_kib
+from bench.common.scripted_model import ScriptedModel
+from bench.common.stack import Worker
 from chamvi_runs import start_run
 from chamvi_runs.models import Run, Step
 
-from .procs import ModelServer, Worker
-from .sample import Sampler, cpu_seconds, rss_kib
+from .sample import Sampler
 
 TERMINAL = ("completed", "failed", "cancelled")
 PROBLEM = re.compile(r"Traceback|ERROR|WARNING|CRITICAL|Exception|Error\b|too many clients|timeout", re.I)
@@ -80,12 +82,12 @@ def _problems(worker: Worker, offset: int) -> tuple[int, list[str]]:
 
 
 def run_batch(
-    n: int, workers: list[Worker], server: ModelServer, expected: str, timeout: float, label: str = "run"
+    n: int, workers: list[Worker], server: ScriptedModel, expected: str, timeout: float, label: str = "run"
 ) -> Batch:
     """``label`` is the key of each run's payload (the model server answers "warmup" runs at once)."""
     pids = [worker.pid for worker in workers]
     idle = {pid: rss_kib(pid) or 0 for pid in pids}
-    cpu_before = {pid: cpu_seconds(pid) or 0.0 for pid in pids}
+    cpu_before = {pid: (cpu_ms(pid) or 0.0) / 1000 for pid in pids}
     offsets = {worker.pid: len(worker.output()) for worker in workers}
     requests_before = int(server.stats()["requests"])
     sampler = Sampler(pids).start()
@@ -103,7 +105,7 @@ def run_batch(
         time.sleep(0.2)
     observed_s = time.monotonic() - started
     peaks = sampler.stop()
-    cpu_after = {pid: cpu_seconds(pid) or 0.0 for pid in pids}
+    cpu_after = {pid: (cpu_ms(pid) or 0.0) / 1000 for pid in pids}
     stats = server.stats()
 
     rows = list(

@@ -1,5 +1,5 @@
-"""The bench's own database and Redis db: created, migrated, emptied. Nothing here touches another
-database than ``DATABASE`` or another Redis db than ``REDIS_DB``."""
+"""The bench's own database and Redis db (created, migrated, emptied) and the workers' environment.
+Nothing here touches another database than ``DATABASE`` or another Redis db than ``REDIS_DB``."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import sys
 import psycopg
 import redis
 
-from .procs import ROOT
+from bench.common import ROOT, databases
 
 DATABASE = "chamvi_conc_bench"
 REDIS_DB = 8
 APP_NAME = "chamvi-bench-conc"
-SETTINGS = "bench.concurrency.settings"
+SETTINGS = "bench.common.settings"
 
 SERVER = "postgres://postgres@127.0.0.1:5432"
 REDIS_URL = f"redis://127.0.0.1:6379/{REDIS_DB}"
@@ -32,9 +32,7 @@ def admin() -> psycopg.Connection:
 
 
 def ensure_database() -> None:
-    with admin() as conn:
-        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DATABASE]).fetchone() is None:
-            conn.execute(f'CREATE DATABASE "{DATABASE}"')
+    databases.create_missing(SERVER, DATABASE)
     env = {
         **os.environ,
         "DATABASE_URL": database_url(app="chamvi-bench-conc-migrate"),
@@ -67,3 +65,17 @@ def max_connections() -> int:
         row = conn.execute("SHOW max_connections").fetchone()
         assert row is not None
         return int(row[0])
+
+
+def worker_env(database_url: str, model_url: str, concurrency: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE=SETTINGS,
+        DATABASE_URL=database_url,
+        REDIS_URL=REDIS_URL,
+        OPENAI_BASE_URL=model_url,
+        OPENAI_API_KEY="bench",
+        CHAMVI_CONCURRENCY=str(concurrency),
+        PYTHONUNBUFFERED="1",
+    )
+    return env

@@ -3,38 +3,14 @@ pg_stat_activity, sampled by a thread of the driver every ``interval`` seconds."
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass, field
 
 import psycopg
 
+from bench.common.procstat import rss_kib
+
 from .resources import APP_NAME, admin
-
-_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def rss_kib(pid: int) -> int | None:
-    """Resident set size of ``pid`` in KiB; None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/status") as handle:
-            for line in handle:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """utime + stime of ``pid``, all its threads; None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            stat = handle.read()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()  # the command name may hold spaces and parentheses
-    return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
 def connections(conn: psycopg.Connection) -> int:

@@ -1,26 +1,9 @@
-"""PostgreSQL connections a daphne web process holds after N page loads, per connection setting.
-
-A real ``daphne project.asgi:application`` (the bundled project, DEBUG off, the ``rq`` executor so
-that no executor thread holds a connection of its own) serves a logged-in superuser N page loads
-(the admin index, the run changelist, the approvals page, the user changelist, in turn, one at a time);
-pg_stat_activity is read for the backends named ``chamvi-bench-web`` after each load (the most
-seen) and after the last one (held). Each setting gets a daphne of its own:
-
-- ``persistent``: ``CONN_MAX_AGE = 500`` (dj_database_url's default in many sites);
-- ``per-request``: ``CONN_MAX_AGE = 0`` (what chamvi_runs asks of web processes);
-- ``pool``: ``CONN_MAX_AGE = 0`` with Django's psycopg pool (``OPTIONS={"pool": ...}``, max 4).
-
-    .venv/bin/python bench/conn_leak.py                 # 240 loads, every setting
-    .venv/bin/python bench/conn_leak.py --loads 60 --settings persistent,pool --json
-
-Uses the server of DATABASE_URL (database ``chamvi_bench_connleak``, recreated) and REDIS_URL.
-"""
+"""Page loads against one daphne per connection setting, and the PostgreSQL connections they leave
+(the measure of bench.conn_leak, whose __main__ prints it)."""
 
 from __future__ import annotations
 
-import argparse
 import http.cookiejar
-import json
 import os
 import re
 import socket
@@ -31,19 +14,18 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.pgstats import Server, dsn  # noqa: E402
+from bench.common import ROOT
+from bench.common.pgstats import Server, dsn
 
 APP_NAME = "chamvi-bench-web"
+# Each setting: CHAMVI_BENCH_CONN_MAX_AGE (bench/common/settings.py) and options of DATABASE_URL
+# (the project's ``?pool=N``: Django's psycopg pool of at most N connections, at least 1).
 SETTINGS = {
-    "persistent": {"CHAMVI_BENCH_CONN_MAX_AGE": "500"},
-    "per-request": {"CHAMVI_BENCH_CONN_MAX_AGE": "0"},
-    "pool": {"CHAMVI_BENCH_CONN_MAX_AGE": "0", "CHAMVI_BENCH_POOL": "4"},
+    "persistent": ({"CHAMVI_BENCH_CONN_MAX_AGE": "500"}, ""),
+    "per-request": ({"CHAMVI_BENCH_CONN_MAX_AGE": "0"}, ""),
+    "pool": ({"CHAMVI_BENCH_CONN_MAX_AGE": "0"}, "&pool=4"),
 }
 PAGES = ["/admin/", "/admin/chamvi_runs/run/", "/chamvi/approvals/", "/admin/auth/user/"]
 
@@ -64,14 +46,16 @@ def _free_port() -> int:
 
 
 def environment(database: str, setting: str) -> dict[str, str]:
+    variables, options = SETTINGS[setting]
+    url = dsn(database)
     return {
         **os.environ,
-        "DJANGO_SETTINGS_MODULE": "bench.conn_leak_settings",
+        "DJANGO_SETTINGS_MODULE": "bench.common.settings",
         "DJANGO_SECRET_KEY": "chamvi-bench-conn-leak",
-        "DATABASE_URL": dsn(database),
+        "DATABASE_URL": f"{url}{'&' if '?' in url else '?'}application_name={APP_NAME}{options}",
         "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15"),
         "PYTHONPATH": str(ROOT),
-        **SETTINGS[setting],
+        **variables,
     }
 
 
@@ -161,31 +145,3 @@ def measure(server: Server, database: str, setting: str, loads: int) -> Result:
         daphne.wait(15)
         log.close()
         server.wait_for_no_backends(database)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--loads", type=int, default=240)
-    parser.add_argument("--settings", default=",".join(SETTINGS), help=f"some of {','.join(SETTINGS)}")
-    parser.add_argument("--database", default="chamvi_bench_connleak")
-    parser.add_argument("--json", action="store_true", help="one JSON line per setting")
-    args = parser.parse_args()
-    server = Server()
-    prepare(server, args.database)
-    try:
-        results = [measure(server, args.database, s, args.loads) for s in args.settings.split(",")]
-    finally:
-        server.admin.execute(f'DROP DATABASE IF EXISTS "{args.database}" WITH (FORCE)')
-    if args.json:
-        for result in results:
-            print(json.dumps(asdict(result)))
-        return
-    print(f"PostgreSQL {server.version()}; backends of one daphne after {args.loads} page loads, logged in")
-    print("| setting | held after the loads | of which idle | most seen |")
-    print("| --- | --- | --- | --- |")
-    for r in results:
-        print(f"| {r.setting} | {r.held} | {r.idle} | {r.peak} |")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,9 +1,9 @@
 """Seconds from a fresh clone to the demo's first page: ``git clone``, then ``make demo`` (a new
 venv, the install, migrate, the demo user, daphne) until http://127.0.0.1:<port>/ answers.
 
-    .venv/bin/python bench/first_page.py                       # clones this checkout's HEAD
-    .venv/bin/python bench/first_page.py --overlay Makefile    # HEAD plus this file as it is here
-    .venv/bin/python bench/first_page.py --no-pip-cache        # every package downloaded again
+    .venv/bin/python -m bench.first_page                       # clones this checkout's HEAD
+    .venv/bin/python -m bench.first_page --overlay Makefile    # HEAD plus this file as it is here
+    .venv/bin/python -m bench.first_page --no-pip-cache        # every package downloaded again
 
 pip's cache (``pip cache dir``) makes the install warm or cold: the script says which it had.
 """
@@ -23,7 +23,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.common import ROOT
 
 
 def answers(url: str) -> bool:

@@ -1,7 +1,7 @@
 """The cost of a step as a run grows: runs of 20, 100 and 200 tool turns, against the bare openai
 client making the same model calls with the same histories, measured in the same run.
 
-    make bench-long   # or: .venv/bin/python bench/long_run.py [--turns 20 100 200]
+    make bench-long   # or: .venv/bin/python -m bench.long_run [--turns 20 100 200]
 
 A turn is a model call that calls a tool, and the tool's result: about 1 KB of JSON, as the peers'
 workload's tools return (a history of 200 turns is some 250 KB). The Chat Completions API takes the
@@ -18,19 +18,15 @@ import argparse
 import hashlib
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench.common import databases
+
 MODEL = "m-long-run"
 WARM_UP = 5
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/chamvi_bench")
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/13")
-
-from bench.overhead import ensure_database  # noqa: E402
 
 
 def _ms(seconds: list[float]) -> float:
@@ -45,7 +41,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3, help="runs per length; the medians are printed")
     args = parser.parse_args()
 
-    ensure_database(os.environ["DATABASE_URL"])
+    databases.create_missing(*databases.split(os.environ["DATABASE_URL"]))
     import django
 
     django.setup()

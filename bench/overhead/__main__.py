@@ -1,8 +1,8 @@
 """Engine overhead against the bare openai client, measured in the same run, in one process.
 
-    make bench-overhead   # or: .venv/bin/python bench/overhead.py [--runs 200]
+    make bench-overhead   # or: .venv/bin/python -m bench.overhead [--runs 200]
 
-(``make bench`` is the comparison with the peers, bench/compare.py: docs/benchmarks.md.)
+(``make bench`` is the comparison with the peers, bench/compare/: docs/benchmarks.md.)
 
 Both sides stream the same scripted replies from tests/scripted_server.py over real HTTP through
 the real openai client. The baseline makes the model calls alone; chamvi_runs executes whole runs
@@ -16,28 +16,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bench.common import databases
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/chamvi_bench")
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/13")
-
-
-def ensure_database(url: str) -> None:
-    from urllib.parse import urlsplit
-
-    import psycopg
-
-    parts = urlsplit(url)
-    name = parts.path.lstrip("/")
-    admin = url.replace(parts.path, "/postgres")
-    with psycopg.connect(admin, autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
 
 
 def main() -> None:
@@ -47,7 +32,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=100, help="runs per scenario (default 100)")
     args = parser.parse_args()
 
-    ensure_database(os.environ["DATABASE_URL"])
+    databases.create_missing(*databases.split(os.environ["DATABASE_URL"]))
     import django
 
     django.setup()

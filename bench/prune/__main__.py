@@ -9,8 +9,8 @@ batch transaction, and pg_total_relation_size of the tables before, after, after
 VACUUM FULL; before and after the prune, the cost of a scrape of the metrics view (its database
 gauges read the run table) and the gauges it served.
 
-    .venv/bin/python bench/prune.py
-    .venv/bin/python bench/prune.py --runs 50000 --batch-size 1000 --keep-db
+    .venv/bin/python -m bench.prune
+    .venv/bin/python -m bench.prune --runs 50000 --batch-size 1000 --keep-db
 """
 
 from __future__ import annotations
@@ -21,17 +21,13 @@ import os
 import random
 import re
 import string
-import sys
 import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.common import databases
 
 PG = os.environ.get("CHAMVI_BENCH_PG", "postgres://postgres@127.0.0.1:5432")
 TABLES = ("run", "step", "checkpoint", "waitpoint", "runinput", "effectrecord", "thread", "artifact")
@@ -56,19 +52,18 @@ def parse() -> argparse.Namespace:
 
 def fresh_database(name: str) -> None:
     assert name.startswith("chamvi_prune"), name
-    with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
+    databases.recreate(PG, name)
 
 
 def drop_database(name: str) -> None:
-    with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    databases.drop(PG, name)
 
 
 def setup_django(database: str) -> None:
     os.environ.update(
-        DJANGO_SETTINGS_MODULE="bench.settings", DATABASE_URL=f"{PG}/{database}", CHAMVI_LOG_LEVEL="WARNING"
+        DJANGO_SETTINGS_MODULE="bench.common.settings",
+        DATABASE_URL=f"{PG}/{database}",
+        CHAMVI_LOG_LEVEL="WARNING",
     )
     os.environ.pop("REDIS_URL", None)  # nothing is enqueued: no Redis needed
     import django

@@ -7,8 +7,8 @@ workers do not run it themselves). SIGKILL A mid-stream, then poll the database 
 (a) the run re-claimed (attempt grows, a claim owner is set), (b) its next step row written,
 (c) the run completed. A replacement worker is started after each repetition.
 
-    .venv/bin/python bench/recovery.py --repeat 5
-    .venv/bin/python bench/recovery.py --repeat 3 --json
+    .venv/bin/python -m bench.recovery --repeat 5
+    .venv/bin/python -m bench.recovery --repeat 3 --json
 """
 
 from __future__ import annotations
@@ -18,13 +18,12 @@ import json
 import os
 import sys
 from dataclasses import asdict
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.latency import stack as st
-from bench.latency.recovery_round import Recovery, recover_once
-from bench.latency.stats import median, table
+from bench.common import latency_resources as res
+from bench.common.stack import Process, Ticker, start_workers
+from bench.common.stamping_model import StampingModel
+from bench.common.stats import median, table
+from bench.recovery.rounds import Recovery, recover_once
 
 MODEL_PORT = 8872
 DEFAULT_TICK_INTERVAL = 5.0  # manage.py chamvi_tick --interval's default
@@ -48,10 +47,10 @@ def parse() -> argparse.Namespace:
 def setup_django(args: argparse.Namespace) -> dict[str, float]:
     """Django for this process; the settings in force, as the workers and the janitor see them."""
     if args.lease_seconds is not None:
-        os.environ["CHAMVI_LAT_LEASE_SECONDS"] = str(args.lease_seconds)
+        os.environ["CHAMVI_BENCH_LEASE_SECONDS"] = str(args.lease_seconds)
     if args.heartbeat_seconds is not None:
-        os.environ["CHAMVI_LAT_HEARTBEAT_SECONDS"] = str(args.heartbeat_seconds)
-    os.environ.update(st.env(args.database, MODEL_PORT))
+        os.environ["CHAMVI_BENCH_HEARTBEAT_SECONDS"] = str(args.heartbeat_seconds)
+    os.environ.update(res.env(args.database, MODEL_PORT))
     import django
 
     django.setup()
@@ -67,20 +66,20 @@ def setup_django(args: argparse.Namespace) -> dict[str, float]:
 
 def main() -> None:
     args = parse()
-    st.fresh_database(args.database)
+    res.fresh_database(args.database)
     settings = setup_django(args)
     from django.contrib.auth import get_user_model
 
     user = get_user_model().objects.create_user("bench", "bench@example.com", "bench")
-    environ = st.env(args.database, MODEL_PORT)
+    environ = res.env(args.database, MODEL_PORT)
     chunks = int(args.reply_seconds / 0.02)
-    procs: list[st.Process] = []
+    procs: list[Process] = []
     results: list[Recovery] = []
     try:
-        model = st.ModelServer(MODEL_PORT, "--tool-first", "--chunks", str(chunks), "--pace", "0.02")
+        model = StampingModel(MODEL_PORT, "--tool-first", "--chunks", str(chunks), "--pace", "0.02")
         procs.append(model)
-        procs.append(st.Ticker(environ, args.tick_interval))
-        workers = st.start_workers(2, environ)
+        procs.append(Ticker(environ, args.tick_interval))
+        workers = start_workers(2, environ)
         procs.extend(workers)
         for n in range(args.repeat):
             result = recover_once(user, model, workers, args.reply_seconds, timeout=300)
@@ -91,15 +90,15 @@ def main() -> None:
                 flush=True,
             )
             results.append(result)
-            replacement = st.start_workers(1, environ, first=2 + n)
+            replacement = start_workers(1, environ, first=2 + n)
             workers.extend(replacement)
             procs.extend(replacement)
     finally:
         for proc in reversed(procs):
             proc.stop()
         if not args.keep_db:
-            st.drop_database(args.database)
-        st.release_redis()
+            res.drop_database(args.database)
+        res.release_redis()
     output(args, settings, results)
 
 

@@ -11,7 +11,8 @@ from typing import Any
 
 from django.db import connection
 
-from bench.latency.stack import ModelServer, Worker, wait_for
+from bench.common.stack import Worker, wait_for
+from bench.common.stamping_model import StampingModel
 
 POLL = 0.02
 
@@ -41,7 +42,7 @@ def _owner_pid(owner: str | None) -> int | None:
 
 
 def recover_once(
-    user: Any, model: ModelServer, workers: list[Worker], reply_seconds: float, timeout: float
+    user: Any, model: StampingModel, workers: list[Worker], reply_seconds: float, timeout: float
 ) -> Recovery:
     from chamvi_runs import start_run
     from chamvi_runs.core.states import TERMINAL

@@ -9,8 +9,8 @@ the stored llm step, events out of order, and CPU: daphne ms per delivered event
 ``--find-max`` raises the number of sockets until p99 passes ``--p99-limit`` or an event is lost;
 past the runs the workers can execute at once, extra sockets follow the same runs.
 
-    .venv/bin/python bench/stream_latency.py --levels 1,8,50
-    .venv/bin/python bench/stream_latency.py --find-max --workers 40 --json
+    .venv/bin/python -m bench.stream_latency --levels 1,8,50
+    .venv/bin/python -m bench.stream_latency --find-max --workers 40 --json
 """
 
 from __future__ import annotations
@@ -21,13 +21,12 @@ import math
 import os
 import sys
 from dataclasses import asdict
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.latency import stack as st
-from bench.latency.stats import table
-from bench.latency.streams import RoundResult, Stack, run_round
+from bench.common import latency_resources as res
+from bench.common.stack import Daphne, Process, start_workers
+from bench.common.stamping_model import StampingModel
+from bench.common.stats import table
+from bench.stream_latency.streams import RoundResult, Stack, run_round
 
 MODEL_PORT, DAPHNE_PORT = 8870, 8871
 
@@ -57,7 +56,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--chunks", type=int, default=100)
     parser.add_argument("--pace", type=float, default=0.02, help="seconds before each chunk")
     parser.add_argument(
-        "--tap", action="store_true", help="also measure at the channel layer (bench.latency.tap)"
+        "--tap", action="store_true", help="also measure at the channel layer (bench.stream_latency.tap)"
     )
     parser.add_argument("--database", default="chamvi_lat_stream")
     parser.add_argument("--keep-db", action="store_true")
@@ -67,18 +66,12 @@ def parse() -> argparse.Namespace:
 
 def setup_django(args: argparse.Namespace) -> int:
     """Django for this process, on the bench database; the concurrency the workers will really use."""
-    os.environ.update(st.env(args.database, MODEL_PORT))
+    os.environ.update(res.env(args.database, MODEL_PORT))
     if args.concurrency > 1:
-        os.environ["CHAMVI_LAT_CONCURRENCY"] = str(args.concurrency)
+        os.environ["CHAMVI_CONCURRENCY"] = str(args.concurrency)
     import django
 
     django.setup()
-    from chamvi_runs.conf import DEFAULTS
-
-    if args.concurrency > 1 and "CONCURRENCY" not in DEFAULTS:
-        print("chamvi_runs has no CONCURRENCY setting yet: one run per worker process", file=sys.stderr)
-        os.environ.pop("CHAMVI_LAT_CONCURRENCY")
-        return 1
     return args.concurrency
 
 
@@ -129,7 +122,7 @@ def report(line: str) -> None:
 def main() -> None:
     args = parse()
     levels = [int(n) for n in args.levels.split(",") if n.strip()]
-    st.fresh_database(args.database)
+    res.fresh_database(args.database)
     concurrency = setup_django(args)
     workers_needed = math.ceil(max(levels) / concurrency)
     count = args.workers or workers_needed
@@ -137,15 +130,15 @@ def main() -> None:
     if capacity < max(levels):
         sys.exit(f"{count} workers x {concurrency} cannot execute {max(levels)} runs at once")
     user, cookie = login()
-    environ = st.env(args.database, MODEL_PORT)
-    procs: list[st.Process] = []
+    environ = res.env(args.database, MODEL_PORT)
+    procs: list[Process] = []
     try:
-        model = st.ModelServer(MODEL_PORT, "--gated", "--chunks", str(args.chunks), "--pace", str(args.pace))
+        model = StampingModel(MODEL_PORT, "--gated", "--chunks", str(args.chunks), "--pace", str(args.pace))
         procs.append(model)
-        daphne = st.Daphne(DAPHNE_PORT, environ)
+        daphne = Daphne(DAPHNE_PORT, environ)
         procs.append(daphne)
         report(f"starting {count} workers (concurrency {concurrency})")
-        workers = st.start_workers(count, environ)
+        workers = start_workers(count, environ)
         procs.extend(workers)
         stack = Stack(model, daphne, workers, cookie, user, args.client_procs, patience=20, tap=args.tap)
         results = []
@@ -166,8 +159,8 @@ def main() -> None:
         for proc in reversed(procs):
             proc.stop()
         if not args.keep_db:
-            st.drop_database(args.database)
-        st.release_redis()
+            res.drop_database(args.database)
+        res.release_redis()
     setup = {"workers": count, "concurrency": concurrency, "chunks": args.chunks, "pace_s": args.pace}
     if args.json:
         print(

@@ -17,8 +17,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from bench.latency.stack import ROOT
-from bench.latency.stamps import latencies_ms
+from bench.common import ROOT
+from bench.common.stamps import latencies_ms
 from tests.ws_client import Socket
 
 
@@ -114,7 +114,7 @@ class ClientGroup:
                 "first_timeout": 300,
             }
             proc = subprocess.Popen(
-                [sys.executable, "-m", "bench.latency.clients"],
+                [sys.executable, "-m", "bench.stream_latency.clients"],
                 cwd=ROOT,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,

@@ -15,15 +15,19 @@ from typing import Any
 
 from django.db import connection
 
-from bench.latency.clients import ClientGroup, Received
-from bench.latency.stack import ROOT, Daphne, ModelServer, Worker, cpu_ms, host_cpu, load_average, wait_for
-from bench.latency.stamps import count
-from bench.latency.stats import percentile
+from bench.common import ROOT
+from bench.common.latency_resources import REDIS_URL
+from bench.common.procstat import cpu_ms, host_cpu, load_average
+from bench.common.stack import Daphne, Worker, wait_for
+from bench.common.stamping_model import StampingModel
+from bench.common.stamps import count
+from bench.common.stats import percentile
+from bench.stream_latency.clients import ClientGroup, Received
 
 
 @dataclass
 class Stack:
-    model: ModelServer
+    model: StampingModel
     daphne: Daphne
     workers: list[Worker]
     cookie: str
@@ -97,11 +101,11 @@ def _check(run_ids: list[str], received: list[Received]) -> dict[str, int]:
 
 
 class Tap:
-    """``bench.latency.tap`` in a process of its own, in the groups of ``run_ids``."""
+    """``bench.stream_latency.tap`` in a process of its own, in the groups of ``run_ids``."""
 
     def __init__(self, run_ids: list[str], patience: float) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.latency.tap"],
+            [sys.executable, "-m", "bench.stream_latency.tap"],
             cwd=ROOT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -128,7 +132,6 @@ def _drops() -> dict[str, int]:
     counted in Redis by ``chamvi_runs.web.consumers``."""
     import redis
 
-    from bench.latency.stack import REDIS_URL
     from chamvi_runs.web.consumers import DROPS_KEY
 
     counts = redis.Redis.from_url(REDIS_URL).hgetall(DROPS_KEY)
@@ -139,7 +142,6 @@ def _buffer_bytes(run_ids: list[str]) -> int:
     """Redis's MEMORY USAGE of the runs' replay buffers (sequence, events, regions)."""
     import redis
 
-    from bench.latency.stack import REDIS_URL
     from chamvi_runs.streaming.buffer import RedisEventLog
 
     client = redis.Redis.from_url(REDIS_URL)
@@ -158,7 +160,7 @@ def run_round(stack: Stack, runs: int, streams: int) -> RoundResult:
     load = load_average()
     drops = _drops()
     pids = [stack.daphne.pid, *(w.pid for w in stack.workers)]
-    before = {pid: cpu_ms(pid) for pid in pids}
+    before = {pid: cpu_ms(pid) or 0.0 for pid in pids}
     run_ids = _create_runs(stack, runs)
     paths = [f"/ws/chamvi/runs/{run_ids[n % runs]}/?after=0" for n in range(streams)]
     clients = ClientGroup(stack.daphne.port, stack.cookie, paths, stack.client_procs, stack.patience)
@@ -168,7 +170,7 @@ def run_round(stack: Stack, runs: int, streams: int) -> RoundResult:
         tap = Tap(run_ids, stack.patience) if stack.tap else None
         # Every model call waits at the gate: all runs then stream at once.
         wait_for(lambda: stack.model.status()["waiting"] >= runs, 120 + runs, f"{runs} model calls")
-        released = {pid: cpu_ms(pid) for pid in pids}
+        released = {pid: cpu_ms(pid) or 0.0 for pid in pids}
         started = time.monotonic()
         busy0, total0 = host_cpu()
         stack.model.go()
@@ -180,7 +182,7 @@ def run_round(stack: Stack, runs: int, streams: int) -> RoundResult:
         clients.kill()
         if tap is not None:
             tap.kill()
-    after = {pid: cpu_ms(pid) for pid in pids}
+    after = {pid: cpu_ms(pid) or 0.0 for pid in pids}
     terminal = [s.value for s in TERMINAL]
     wait_for(
         lambda: not Run.objects.filter(pk__in=run_ids).exclude(status__in=terminal).exists(),

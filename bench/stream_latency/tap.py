@@ -3,7 +3,7 @@ receive time minus send stamp for each stamp in their deltas. Compared with what
 clients measure, it splits the latency into model server -> worker -> Redis layer, and what daphne
 and the socket add after that.
 
-Runs as ``python -m bench.latency.tap`` with the bench's Django settings in its environment; reads
+Runs as ``python -m bench.stream_latency.tap`` with the bench's Django settings in its environment; reads
 ``{"runs": [...], "patience": s}`` on stdin, prints READY once it is in every group, then one JSON
 line ``{"latencies": [...]}``."""
 
@@ -19,7 +19,7 @@ from typing import Any
 async def tap(run_ids: list[str], patience: float) -> list[float]:
     from channels.layers import get_channel_layer
 
-    from bench.latency.stamps import latencies_ms
+    from bench.common.stamps import latencies_ms
     from chamvi_runs.streaming.broadcast import run_group
 
     layer: Any = get_channel_layer()

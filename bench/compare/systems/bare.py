@@ -7,9 +7,9 @@ import os
 import uuid
 from typing import Any
 
-from bench import workload
-from bench.systems import openai_loop
-from bench.systems.driver import config, serve
+from bench.compare import workload
+from bench.compare.systems import openai_loop
+from bench.compare.systems.driver import config, serve
 
 
 class Bare:

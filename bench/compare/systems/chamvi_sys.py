@@ -1,7 +1,7 @@
 """chamvi_runs through its real path: this process is the producer (``start_run``), RQ on Redis
 carries the doorbell, and one ``manage.py rqworker chamvi`` process (the worker class of the
 settings, ``chamvi_runs.worker.Worker``) executes the runs with the bench's agent
-(bench/bench_agents/agents.py, discovered like any app's agents.py).
+(bench/compare/agents.py, discovered like any app's agents.py).
 
 A batch is enqueued at once, as a backlog is for a worker (which takes as many runs at once as its
 ``CHAMVI_RUNS["CONCURRENCY"]`` allows), and is done when every run of it has settled. The producer
@@ -21,16 +21,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.systems.driver import config, serve
+from bench.common import ROOT
+from bench.compare.systems.driver import config, serve
 
-ROOT = Path(__file__).resolve().parent.parent.parent
 SETTLED = ("completed", "failed", "cancelled")
 
 
 def environment(cfg: dict[str, Any]) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
-        DJANGO_SETTINGS_MODULE="bench.settings",
+        DJANGO_SETTINGS_MODULE="bench.common.settings",
         DATABASE_URL=cfg["dsn"],
         REDIS_URL=cfg["redis_url"],
         OPENAI_BASE_URL=cfg["base_url"],
@@ -86,7 +86,7 @@ class Chamvi:
         return settled == len(self.run_ids)
 
     def run_batch(self, runs: int) -> dict[str, Any]:
-        from bench import workload
+        from bench.compare import workload
         from chamvi_runs import start_run
 
         self.own_commits = 0
@@ -96,7 +96,7 @@ class Chamvi:
         return {"own_commits": self.own_commits + 1}  # + verify's read
 
     def verify(self) -> None:
-        from bench import workload
+        from bench.compare import workload
         from chamvi_runs.models import Run
 
         done = Run.objects.filter(pk__in=self.run_ids, status="completed", output=workload.FINAL_TEXT).count()

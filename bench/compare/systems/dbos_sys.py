@@ -1,7 +1,7 @@
 """DBOS: a workflow whose model calls and tool calls are steps (each step's output is recorded in
 DBOS's system database on PostgreSQL before the workflow goes on). The model call is the same
 streamed ``openai`` call as bare's. Workflows run one after another, called directly in this
-process. Runs in its own venv (bench/venvs.py)."""
+process. Runs in its own venv (bench/compare/venvs.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any
 
 from dbos import DBOS, DBOSConfig
 
-from bench import workload
-from bench.systems import openai_loop
-from bench.systems.driver import config, serve
+from bench.compare import workload
+from bench.compare.systems import openai_loop
+from bench.compare.systems.driver import config, serve
 
 _state: dict[str, Any] = {}
 

@@ -1,6 +1,6 @@
-"""What every system's driver shares: the conversation with bench/compare.py over stdin/stdout.
+"""What every system's driver shares: the conversation with bench/compare/ (cell.py) over stdin/stdout.
 
-A driver is started as ``python -m bench.systems.<name> '<json>'`` from the repository's root, with
+A driver is started as ``python -m bench.compare.systems.<name> '<json>'`` from the repository's root, with
 one JSON argument (``dsn``, ``base_url``, ``model``, ``runs``, ``warmup``,
 plus system-specific keys), sets itself up and runs ``warmup`` runs, prints ``{"ready": ...}``, waits
 for ``go`` on stdin, runs ``runs`` runs, prints ``{"done": ...}`` and exits when stdin closes. The
@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any, Protocol
 
-from bench.procstat import cpu_ms
+from bench.common.procstat import cpu_ms
 
 
 class System(Protocol):

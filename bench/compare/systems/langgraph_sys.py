@@ -2,7 +2,7 @@
 ``ToolNode``, checkpointed by ``PostgresSaver`` after every super-step, with LangGraph's default
 durability (``"async"``: a checkpoint is written while the next step starts). Runs one after another
 in this process, each on a thread of its own, consumed with ``stream_mode="messages"`` as an app
-streaming tokens would. Runs in its own venv (bench/venvs.py)."""
+streaming tokens would. Runs in its own venv (bench/compare/venvs.py)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from langgraph.prebuilt import ToolNode, tools_condition
 from psycopg import Connection
 from psycopg.rows import dict_row
 
-from bench import workload
-from bench.systems.driver import config, serve
+from bench.compare import workload
+from bench.compare.systems.driver import config, serve
 
 
 @tool

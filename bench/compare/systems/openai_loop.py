@@ -10,7 +10,7 @@ from typing import Any
 
 from openai import OpenAI
 
-from bench import workload
+from bench.compare import workload
 
 
 def client(base_url: str) -> OpenAI:

@@ -16,8 +16,8 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from bench import workload
-from bench.systems.driver import config, serve
+from bench.compare import workload
+from bench.compare.systems.driver import config, serve
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS bench_run (
