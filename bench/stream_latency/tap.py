@@ -20,7 +20,7 @@ async def tap(run_ids: list[str], patience: float) -> list[float]:
     from channels.layers import get_channel_layer
 
     from bench.common.stamps import latencies_ms
-    from chamvi_runs.streaming.broadcast import run_group
+    from chamvi_runs.streaming.broadcast import events_of, run_group
 
     layer: Any = get_channel_layer()
     channel = await layer.new_channel()
@@ -36,11 +36,11 @@ async def tap(run_ids: list[str], patience: float) -> list[float]:
         except TimeoutError:
             break
         now = time.time()
-        event = message.get("event", {})
-        if event.get("type") == "delta":
-            latencies.extend(latencies_ms(event.get("text", ""), now))
-        elif event.get("type") == "run.end":
-            open_runs.discard(event.get("run_id"))
+        for event in events_of(message):
+            if event.get("type") == "delta":
+                latencies.extend(latencies_ms(event.get("text", ""), now))
+            elif event.get("type") == "run.end":
+                open_runs.discard(event.get("run_id"))
     return latencies
 
 
