@@ -12,10 +12,12 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from django.dispatch import Signal
 
 from chamvi_runs import Budget, tool
 from chamvi_runs.agents.agent import Agent, registry
@@ -26,10 +28,11 @@ from chamvi_runs.core.messages import tool_result
 from chamvi_runs.core.records import StepRecord, Stored
 from chamvi_runs.core.states import ErrorCode, Status
 from chamvi_runs.core.types import AbortSignal, Message, ModelRequest, ModelTurn, OnDelta, Usage
-from chamvi_runs.errors import DecisionRefused
+from chamvi_runs.errors import DecisionRefused, LeaseLostError
 from chamvi_runs.models import WaitPoint
-from chamvi_runs.runtime import engine
+from chamvi_runs.runtime import engine, fenced_writes, model_step
 from chamvi_runs.runtime.engine import Execution
+from chamvi_runs.signals import execution_error
 from chamvi_runs.testing import ScriptedModel, ScriptedTurn
 from chamvi_runs.testing_store import InMemoryStore
 
@@ -106,14 +109,27 @@ def harness(monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
     script = Script()
     model = ScriptedModel(script)
     h = Harness(InMemoryStore(), script, Recorder())
-    monkeypatch.setattr(engine, "model", lambda: model)
+    monkeypatch.setattr(model_step, "model", lambda: model)
     monkeypatch.setattr(engine, "ChannelsBroadcaster", lambda thread=None, scope="": h.broadcaster)
-    monkeypatch.setattr(engine, "announce_settled", lambda run_id, broadcaster=None: h.settled.append(run_id))
-    monkeypatch.setattr(engine, "notify", lambda agent, run, waitpoint, **_: h.notified.append(waitpoint))
+    monkeypatch.setattr(
+        fenced_writes, "announce_settled", lambda run_id, broadcaster=None: h.settled.append(run_id)
+    )
+    monkeypatch.setattr(
+        fenced_writes, "notify", lambda agent, run, waitpoint, **_: h.notified.append(waitpoint)
+    )
     yield h
     for name in h.agents:
         registry.unregister(name)
     assert not script.turns, f"scripted turns were never asked for: {list(script.turns)}"
+
+
+@contextmanager
+def _receiving(signal: Signal, receiver: Callable[..., None]) -> Iterator[None]:
+    signal.connect(receiver, weak=False)
+    try:
+        yield
+    finally:
+        signal.disconnect(receiver)
 
 
 @tool
@@ -221,8 +237,14 @@ def test_a_worker_whose_run_another_worker_claimed_writes_nothing_and_runs_no_to
         return calls(("refund", {"order": "A1", "amount": 30}))
 
     harness.model_answers(frozen_past_the_lease)
-    assert harness.execute(run.pk, owner="worker-1") is None
+    errors: list[BaseException] = []
+    with _receiving(execution_error, lambda error, **_: errors.append(error)):
+        assert harness.execute(run.pk, owner="worker-1") is None
     assert ran == [] and harness.store.steps(run.pk) == [] and harness.store.checkpoint(run.pk) is None
+    # Reported as the claim's loss, at the write that found it.
+    assert [(type(e), str(e)) for e in errors] == [
+        (LeaseLostError, f"run {run.pk}: lease lost before running tools")
+    ]
     held = harness.store.run(run.pk)
     assert (held.status, held.claim_owner, held.attempt) == ("running", "worker-2", 2)
     assert (held.input_tokens, held.output_tokens) == (0, 0)
@@ -496,7 +518,7 @@ def test_a_stream_cut_before_its_finish_fails_the_run_and_keeps_its_text(harness
             on_delta("text", "Half an ans")
             return ModelTurn(text="Half an ans", finish_reason=None, usage=Usage(10, 3))
 
-    monkeypatch.setattr(engine, "model", CutStream)
+    monkeypatch.setattr(model_step, "model", CutStream)
     agent = harness.agent()
     run = harness.store.start_run(agent.name, "x")
 
