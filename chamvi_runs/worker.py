@@ -5,7 +5,7 @@ job: database connections are reused from job to job, the lease keeper is a thre
 and SIGTERM can drain executions in place.
 
 A process executes up to ``CONCURRENCY`` runs at once, each in a thread of its own
-(``dispatch.threads.ThreadExecutor``): a job only hands its run id to a free thread, and the worker
+(``modes.ThreadExecutor``): a job only hands its run id to a free thread, and the worker
 takes the next job from the queue only while a thread is free, so a full worker leaves jobs to the
 others. Runs wait on the model most of the time, so threads share one process well; a tool that
 kills the process takes its siblings' executions with it, and their leases bring them back.
@@ -39,7 +39,7 @@ from rq.worker import SimpleWorker
 from .conf import conf
 from .core.types import AbortSignal
 from .dispatch import sites
-from .dispatch.threads import EXECUTION, ThreadExecutor
+from .modes import EXECUTE, ThreadExecutor
 from .store.connections import pooled
 
 logger = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class Worker(SimpleWorker):
                 connection.settings_dict["CONN_MAX_AGE"] = None
         global executions
         if executions is None:
-            executions = ThreadExecutor(conf.CONCURRENCY, job=EXECUTION, shutdown=shutdown)
+            executions = ThreadExecutor(conf.CONCURRENCY, job=EXECUTE, shutdown=shutdown)
         self.run_threads = executions
         port = conf.METRICS_PORT
         if port is not None:
