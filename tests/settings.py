@@ -9,7 +9,10 @@ os.environ.setdefault("OPENAI_API_KEY", "test")
 from project.settings import *  # noqa: F403
 from project.settings import CHAMVI_RUNS, INSTALLED_APPS
 
-INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]
+# Without "daphne", whose app only swaps in its runserver: every worker, command and site process
+# the suite starts would import its server (twisted) for nothing, 0.4 s each. Tests start daphne
+# itself as a process (tests/processes.py).
+INSTALLED_APPS = [*(app for app in INSTALLED_APPS if app != "daphne"), "tests.testapp"]
 CHAMVI_RUNS = {
     **CHAMVI_RUNS,
     "LEASE_SECONDS": 4,

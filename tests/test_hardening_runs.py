@@ -275,15 +275,31 @@ def spawn(server) -> Iterator:
         worker.stop()
 
 
-def _kill_loop(server, spawn, run: Run, deaths: int) -> None:
+def _kill_loop(server, spawn, run: Run, deaths: int) -> list[WorkerProcess]:
     """Let a worker take the run and die in its tool, then move the lease into the past and ring the
-    janitor, ``deaths`` times."""
+    janitor, ``deaths`` times; returns the workers still alive, which take the run next.
+
+    The ``deaths + 1`` workers start at once, so their start-ups (seconds each) overlap: the queue
+    holds one job of the run at a time, so each death is a worker of its own."""
+    workers = [spawn() for _ in range(deaths + 1)]
+
+    def dead() -> list[WorkerProcess]:
+        return [w for w in workers if w.proc.poll() is not None]
+
+    def logs() -> str:
+        return "\n".join(w.output()[-1500:] for w in workers)
+
     for n in range(deaths):
-        worker = spawn()
-        assert worker.wait(40) != 0, worker.output()
+        wait_for(lambda n=n: len(dead()) == n + 1, 40, logs)
+        assert all(w.proc.returncode != 0 for w in dead()), logs()
         assert Run.objects.get(pk=run.pk).model_calls == n + 1, "the call the worker died after counts"
         expire_lease(run.pk)
         assert tick_once().enqueued == 1
+    return [w for w in workers if w not in dead()]
+
+
+def _output(workers: list[WorkerProcess]) -> str:
+    return "\n".join(w.output() for w in workers)
 
 
 @pytest.mark.timeout(180)
@@ -292,9 +308,8 @@ def test_a_tool_that_kills_its_worker_fails_the_run_after_max_attempts(server, s
     kill = Reply(tool_call("c1", "crash_worker", '{"code": 3}'), usage(100, 10), finish("tool_calls"))
     server.script("m-poison", [kill] * attempts)
     run = start_run("poison", "x")
-    _kill_loop(server, spawn, run, attempts)
-    rescuer = spawn()
-    wait_for(lambda: Run.objects.get(pk=run.pk).status == "failed", 40, rescuer.output)
+    rescuers = _kill_loop(server, spawn, run, attempts)
+    wait_for(lambda: Run.objects.get(pk=run.pk).status == "failed", 40, lambda: _output(rescuers))
     run.refresh_from_db()
     assert run.error_code == "too_many_attempts"
     # Every paid call is on the bill, though no step of them was ever saved.
@@ -307,9 +322,8 @@ def test_model_calls_lost_with_a_dead_worker_count_against_max_steps(server, spa
     kill = Reply(tool_call("c1", "crash_worker", '{"code": 3}'), finish("tool_calls"))
     server.script("m-poison_limited", [kill, kill])  # max_steps=2
     run = start_run("poison_limited", "x")
-    _kill_loop(server, spawn, run, 2)
-    rescuer = spawn()
-    wait_for(lambda: Run.objects.get(pk=run.pk).status == "failed", 40, rescuer.output)
+    rescuers = _kill_loop(server, spawn, run, 2)
+    wait_for(lambda: Run.objects.get(pk=run.pk).status == "failed", 40, lambda: _output(rescuers))
     run.refresh_from_db()
     assert (run.error_code, run.model_calls) == ("budget_exceeded", 2)
 

@@ -2,8 +2,10 @@
 project.asgi with the test database, one real ``manage.py rqworker chamvi``, channels-redis on the test
 Redis and the scripted model server.
 
-One web process and one worker per module: a worker left running for the whole session would take the
-jobs of the other modules' tests, which execute their runs in-process.
+One browser, web process and worker for the browser suite (this package), started once: each costs
+seconds to start, and the tests share nothing else (a user, its runs and Redis are made per test). They
+stop when the package is done: a worker left running for the whole session would take the jobs of the
+other modules' tests, which execute their runs in-process.
 
 ``CHAMVI_SCREENSHOTS=<dir>`` saves named PNGs of the pages along the way (``make screenshots``).
 """
@@ -74,7 +76,7 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
     """Headless Chromium; skipped outside CI when it is not installed, a failure in CI.
 
@@ -117,7 +119,7 @@ class LiveSite:
         return f"--- web ---\n{self.web.output()[-3000:]}\n--- worker ---\n{self.worker.output()[-3000:]}"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def live_site(
     browser: Any, model_server: ScriptedServer, django_db_setup: None, django_db_blocker: Any
 ) -> Iterator[LiveSite]:

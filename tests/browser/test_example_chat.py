@@ -97,12 +97,13 @@ def llm_step(run_id: str) -> Step:
 
 @pytest.fixture(scope="module")
 def replacements(live_site: LiveSite) -> Iterator[list[WorkerProcess]]:
-    """The workers started in place of the live site's: stopped with the module, before the live site
-    stops the worker it started (and web)."""
+    """The workers started in place of the live site's: stopped with the module, but for the one that is
+    the site's now, which serves the suite's later modules and stops with the live site."""
     started: list[WorkerProcess] = []
     yield started
     for worker in started:
-        worker.stop()
+        if worker is not live_site.worker:
+            worker.stop()
 
 
 @pytest.fixture
