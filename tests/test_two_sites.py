@@ -17,8 +17,8 @@ import pytest
 from django.db import connection
 
 from chamvi_runs import start_run
-from chamvi_runs.dispatch.threads import JOB
 from chamvi_runs.models import Run
+from chamvi_runs.modes import EXECUTE_RUN
 from tests.processes import ROOT, WorkerProcess, wait_for, worker_env
 from tests.scripted_server import Reply, finish, text
 
@@ -123,7 +123,7 @@ def test_unstamped_jobs_run_pruned_runs_are_dropped_and_a_burst_leaves_foreign_j
 
     def enqueue(run_id: str, meta: dict | None) -> str:
         job_id = f"chamvi-test-{run_id}"
-        queue.enqueue(JOB, run_id, job_id=job_id, job_timeout=-1, result_ttl=0, meta=meta)
+        queue.enqueue(EXECUTE_RUN.path, run_id, job_id=job_id, job_timeout=-1, result_ttl=0, meta=meta)
         return job_id
 
     enqueue(run.pk, None)  # a rolling upgrade: the job of a release without stamps
