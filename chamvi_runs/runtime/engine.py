@@ -17,7 +17,6 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any
 
 from django.db import InterfaceError, OperationalError, close_old_connections
 
@@ -35,6 +34,7 @@ from ..core.states import ErrorCode, Status
 from ..core.types import NO_USAGE, AbortSignal, Message
 from ..errors import AgentNotFound, HistoryUnavailable, LeaseLostError
 from ..models import Run
+from ..streaming import events
 from ..streaming.broadcast import ChannelsBroadcaster
 from ..streaming.serializers import decision_json, start_lineage
 from .fenced_writes import FencedWrites
@@ -116,10 +116,9 @@ class Execution:
             decided = None
             if self.claim.resumed:
                 decided = self.db.resumed_decision(self.claim.run_id)
-                extra = {"decision": decision_json(decided)} if decided is not None else {}
-                self.emit("run.resume", status=Status.RUNNING, **extra)
+                self.emit(events.run_resume(decision_json(decided) if decided is not None else None))
             else:
-                self.emit("run.start", status=Status.RUNNING, **start_lineage(self.run_row))
+                self.emit(events.run_start(**start_lineage(self.run_row)))
             signals.run_started.send(
                 Run,
                 run=self.run_row,
@@ -163,8 +162,8 @@ class Execution:
             return None
         return ending.status
 
-    def emit(self, type_: str, **fields: Any) -> None:
-        self.broadcaster.publish(self.claim.run_id, {"type": type_, **fields})
+    def emit(self, event: events.Event) -> None:
+        self.broadcaster.publish(self.claim.run_id, event)
 
     def finish(self, agent: Agent, text: str) -> Ending:
         try:

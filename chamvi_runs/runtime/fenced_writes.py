@@ -24,6 +24,7 @@ from ..core.records import Claim, Opening, StepRecord, Stored
 from ..core.states import TERMINAL, Status
 from ..core.types import NO_USAGE, AbortSignal, Message, Usage
 from ..models import Run
+from ..streaming import events
 from ..streaming.serializers import waiting_event
 from .lease_keeper import Lease
 from .lifecycle import announce_settled
@@ -37,7 +38,9 @@ class FencedWrites:
     execution saved yet (its first save writes the whole history), and until the run's first save,
     the history it opens with."""
 
-    def __init__(self, claim: Claim, db: Store, broadcaster: Broadcaster, emit: Callable[..., None]) -> None:
+    def __init__(
+        self, claim: Claim, db: Store, broadcaster: Broadcaster, emit: Callable[[events.Event], None]
+    ) -> None:
         self.claim = claim
         self.db = db
         self.broadcaster = broadcaster
@@ -176,7 +179,7 @@ class FencedWrites:
             return self.settle(decisions.on_refused_wait())
         signals.step_saved.send(Run, run_id=self.claim.run_id, steps=[*steps, *waits])
         for waitpoint in waitpoints:
-            self.emit("run.waiting", **waiting_event(waitpoint))
+            self.emit(events.run_waiting(**waiting_event(waitpoint)))
         run = self.db.run(self.claim.run_id)
         for waitpoint in waitpoints:
             signals.run_waiting.send(Run, run=run, waitpoint=waitpoint)

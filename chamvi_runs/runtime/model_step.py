@@ -27,6 +27,7 @@ from ..core.states import ErrorCode, Status
 from ..core.types import NO_USAGE, Aborted, AbortSignal, Message, ModelRequest, ModelTurn
 from ..errors import ArtifactNotFound
 from ..models import Run
+from ..streaming import events
 from .artifacts import ArtifactReader
 from .fenced_writes import FencedWrites
 from .tool_calls import ToolCalls
@@ -51,7 +52,7 @@ class ModelSteps:
         abort: AbortSignal,
         db: Store,
         writes: FencedWrites,
-        emit: Callable[..., None],
+        emit: Callable[[events.Event], None],
     ) -> None:
         self.claim = claim
         self.abort = abort
@@ -78,7 +79,7 @@ class ModelSteps:
             messages.append(input_message(item.payload))
             # Shown where the model takes it: before the call of step ``index``. An aborted call
             # saves nothing, and the next execution announces the same input again.
-            self.emit("input", step=index, input_id=item.pk, payload=item.payload)
+            self.emit(events.input_taken(step=index, input_id=item.pk, payload=item.payload))
         return self.call(agent, ctx, calls, messages, index, [i.pk for i in inputs])
 
     def request(
@@ -113,10 +114,10 @@ class ModelSteps:
             return request
         attempt = self.claim.attempt
         started = timezone.now()
-        self.emit("step.start", step=index, attempt=attempt)
+        self.emit(events.step_start(step=index, attempt=attempt))
 
         def on_delta(kind: str, text: str) -> None:
-            self.emit("delta", step=index, attempt=attempt, kind=kind, text=text)
+            self.emit(events.delta(step=index, attempt=attempt, kind=kind, text=text))
             crash_point("mid_stream")
             signals.run_delta.send(
                 Run, run_id=self.claim.run_id, step=index, attempt=attempt, kind=kind, text=text
@@ -148,7 +149,7 @@ class ModelSteps:
         kind = decisions.classify(turn)
         if kind is Turn.BROKEN:
             return self.fail(turn, llm, messages, inputs)
-        self.emit("step.end", step=index, attempt=attempt, finish_reason=finish)
+        self.emit(events.step_end(step=index, attempt=attempt, finish_reason=finish))
         messages = [*messages, turn.assistant_message()]
         if kind is Turn.TOOLS:
             return self.run_tools(agent, calls, turn, llm, messages, inputs)
@@ -191,9 +192,8 @@ class ModelSteps:
     def fail(self, turn: ModelTurn, llm: StepRecord, messages: list[Message], inputs: list[str]) -> Ending:
         """A broken turn: the text so far is kept; its tool calls never run."""
         llm.error, decision = decisions.broken(turn)
-        self.emit(
-            "step.end", step=llm.index, attempt=self.claim.attempt, finish_reason=llm.output["finish_reason"]
-        )
+        finish = llm.output["finish_reason"]
+        self.emit(events.step_end(step=llm.index, attempt=self.claim.attempt, finish_reason=finish))
         history = [*messages, turn.assistant_message(with_tool_calls=False)]
         ending = self.writes.conclude([llm], history, turn.usage, inputs, decision)
         if ending is None:

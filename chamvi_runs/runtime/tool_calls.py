@@ -25,6 +25,7 @@ from ..core.storable import storable
 from ..core.types import AbortSignal, Message
 from ..errors import LeaseLostError, ToolArgumentsError
 from ..models import Run
+from ..streaming import events
 from .effects import run_effect
 
 logger = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ class ToolCalls:
         run: Run,
         agent: Agent,
         tools: dict[str, Tool],
-        emit: Callable[..., None],
+        emit: Callable[[events.Event], None],
     ) -> None:
         self.claim = claim
         self.abort = abort
@@ -116,13 +117,8 @@ class ToolCalls:
                         [self.approval(call, tool, arguments, llm_index, position, index, started)],
                     )
             # A call that waits for a person is announced by run.waiting, and here once it runs.
-            self.emit(
-                "tool.call",
-                step=index,
-                tool_call_id=call["id"],
-                name=name,
-                input=_shown(arguments, raw, note),
-            )
+            shown = _shown(arguments, raw, note)
+            self.emit(events.tool_call(step=index, tool_call_id=call["id"], name=name, input=shown))
             if tool is not None and ctx is not None:
                 output, error = self.invoke(tool, ctx, arguments)
             # An exception's text may quote what the model sent, a lone surrogate included.
@@ -143,8 +139,9 @@ class ToolCalls:
                 ),
             ]
             messages = [*messages, tool_result(call["id"], note + _result_text(output, error))]
-            result = {"error": error} if error else {"output": output}
-            self.emit("tool.result", step=index, tool_call_id=call["id"], name=name, **result)
+            self.emit(
+                events.tool_result(step=index, tool_call_id=call["id"], name=name, output=output, error=error)
+            )
             index += 1
         return Answered(messages, steps)
 

@@ -17,6 +17,7 @@ from ..conf import conf
 from ..core import log_context
 from ..core.log_context import LogContext
 from .buffer import MemoryEventLog, RedisEventLog, event_log
+from .events import DELTA
 
 logger = logging.getLogger(__name__)
 
@@ -240,7 +241,7 @@ class EventWriter:
             try:
                 latest = batch[-1]
                 left = deadline - time.monotonic()
-                if isinstance(latest, tuple) and latest[2].get("type") == "delta" and left > 0:
+                if isinstance(latest, tuple) and latest[2].get("type") == DELTA and left > 0:
                     batch.append(self._queue.get(timeout=left))
                 else:
                     batch.append(self._queue.get_nowait())
@@ -303,8 +304,8 @@ def _coalesce(items: list[Item]) -> list[Item]:
         if (
             at is not None
             and previous is not None
-            and event.get("type") == "delta"
-            and previous[2].get("type") == "delta"
+            and event.get("type") == DELTA
+            and previous[2].get("type") == DELTA
             and all(previous[2].get(k) == event.get(k) for k in ("step", "attempt", "kind"))
         ):
             text = previous[2]["text"] + event["text"]

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .buffer.rules import MARKER
+from .events import RUN_END, RUN_WAITING
 
 QUIET_SECONDS = 1.0
 QUIET_MAX_SECONDS = 4.0
@@ -95,9 +96,9 @@ class Cursor:
         self.last[run_id] = seq
         self.sent[run_id] = event
         kind = event.get("type")
-        if kind == "run.end":
+        if kind == RUN_END:
             self.active.discard(run_id)
-        if kind == "run.waiting":
+        if kind == RUN_WAITING:
             self.waiting.add(run_id)
         else:
             self.waiting.discard(run_id)

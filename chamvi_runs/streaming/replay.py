@@ -70,6 +70,20 @@ from .buffer import (
     region,
     waiting_tokens,
 )
+from .events import (
+    RUN_START,
+    Event,
+    delta,
+    input_taken,
+    replay_truncated,
+    run_resume,
+    run_start,
+    run_waiting,
+    step_end,
+    step_start,
+    tool_call,
+    tool_result,
+)
 from .serializers import decision_json, lineage, run_end_event, waiting_event
 
 # How long after its settle a run's own run.end may still be on its way (the settling process's
@@ -136,11 +150,11 @@ def _replayed(
 
 def _restart_active(log: MemoryEventLog | RedisEventLog, run: Run) -> list[dict[str, Any]]:
     whole = log.window(run.pk, 0)
-    marker = {"type": MARKER, "run_id": run.pk, "status": run.status, "from_step": 0}
+    marker = replay_truncated(run_id=run.pk, status=run.status, from_step=0)
     if run.started_at is None:
         # Nothing to rebuild (and a region's run.start would claim it runs): what it has, if any.
         return _restart(whole.events or [], marker, whole.top)
-    if whole.events and whole.events[0]["type"] in ("run.start", MARKER):
+    if whole.events and whole.events[0]["type"] in (RUN_START, MARKER):
         # Held from the run's start or from a region's: the run, whole, with nothing to store.
         return _restart(whole.events, marker, whole.top)
     return _restart(log.rebase(run.pk, rebuild(run), None), marker, whole.top)
@@ -243,19 +257,18 @@ def rebuild(run: Run) -> Rebuild:
     if first:
         truncated, steps = True, steps[first:]
         stepped = _step_events(steps, inputs, decisions)
-    start = {"type": "run.start", "status": Status.RUNNING.value, **lineage(run)}
-    events: list[dict[str, Any]] = [start, *stepped]
+    events: list[Event] = [run_start(**lineage(run)), *stepped]
     waits = (
         list(run.waitpoints.filter(decision__isnull=True).order_by("call_position"))
         if run.status == Status.WAITING
         else []
     )
-    events.extend({"type": "run.waiting", **waiting_event(w)} for w in waits)
+    events.extend(run_waiting(**waiting_event(w)) for w in waits)
     if run.finished_at is not None:
         events.append(run_end_event(run))
     events = [{**event, "run_id": run.pk} for event in events]
     first_step = steps[0].index if steps else 0
-    marker = {"type": MARKER, "run_id": run.pk, "status": run.status, "from_step": first_step}
+    marker = replay_truncated(run_id=run.pk, status=run.status, from_step=first_step)
     return Rebuild(
         marker=marker,
         events=events,
@@ -297,36 +310,36 @@ def _decisions(run: Run, steps: list[Step]) -> dict[int, dict[str, Any]]:
 
 def _step_events(
     steps: list[Step], inputs: dict[str, Any], decisions: dict[int, dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """The events of ``steps`` as the executions emitted them: the inputs each model call took
-    before it, and the ``run.resume`` of a decision after the wait step that asked for it."""
-    events: list[dict[str, Any]] = []
+) -> list[Event]:
+    """The events of ``steps`` as the executions emitted them, built by the same ``events``
+    functions: the inputs each model call took before it, and the ``run.resume`` of a decision
+    after the wait step that asked for it."""
+    events: list[Event] = []
     # Tool steps do not store their call id; each takes the first unused call of its name from the
     # model call before it, in order, as the engine ran them.
     unused: list[tuple[str, str]] = []
     for step in steps:
-        base = {"step": step.index, "attempt": step.attempt}
-        output = step.output or {}
+        index, attempt, output = step.index, step.attempt, step.output or {}
         if step.kind == "llm":
             for input_id in (step.input or {}).get("inputs") or []:
                 if input_id in inputs:
-                    taken = {"step": step.index, "input_id": input_id, "payload": inputs[input_id]}
-                    events.append({"type": "input", **taken})
-            events.append({"type": "step.start", **base})
+                    events.append(input_taken(step=index, input_id=input_id, payload=inputs[input_id]))
+            events.append(step_start(step=index, attempt=attempt))
             for kind in ("reasoning", "text"):
                 if output.get(kind):
-                    events.append({"type": "delta", **base, "kind": kind, "text": output[kind]})
-            events.append({"type": "step.end", **base, "finish_reason": output.get("finish_reason")})
+                    events.append(delta(step=index, attempt=attempt, kind=kind, text=output[kind]))
+            events.append(step_end(step=index, attempt=attempt, finish_reason=output.get("finish_reason")))
             unused = [(c["id"], c["function"]["name"]) for c in output.get("tool_calls") or []]
         elif step.kind == "tool":
             call_id = next((cid for cid, name in unused if name == step.name), None)
             if call_id is not None:
                 unused.remove((call_id, step.name))
-            call = {"step": step.index, "tool_call_id": call_id, "name": step.name}
-            events.append({"type": "tool.call", **call, "input": step.input})
-            result = {"error": step.error} if step.error else {"output": step.output}
-            events.append({"type": "tool.result", **call, **result})
-        elif step.kind == "wait" and step.index in decisions:
-            resume = {"type": "run.resume", "status": Status.RUNNING.value}
-            events.append({**resume, "decision": decisions[step.index]})
+            events.append(tool_call(step=index, tool_call_id=call_id, name=step.name, input=step.input))
+            events.append(
+                tool_result(
+                    step=index, tool_call_id=call_id, name=step.name, output=step.output, error=step.error
+                )
+            )
+        elif step.kind == "wait" and index in decisions:
+            events.append(run_resume(decisions[index]))
     return events

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..models import Run, Step, WaitPoint
 from ..store import queries
+from . import events
 
 INTERNAL_ERROR = "internal_error"
 INTERNAL_ERROR_MESSAGE = "the run stopped on an internal error; the site's operators have the details"
@@ -94,7 +95,8 @@ def question(waitpoint: WaitPoint) -> str | None:
 
 
 def waiting_event(waitpoint: WaitPoint) -> dict[str, Any]:
-    """The fields of the ``run.waiting`` that announces an open wait point."""
+    """The fields of the ``run.waiting`` that announces an open wait point (``events.run_waiting``),
+    which the wait point's JSON opens with too."""
     return {
         "approval_id": waitpoint.approval_id,
         "kind": waitpoint.kind,
@@ -234,16 +236,15 @@ def start_lineage(run: Run) -> dict[str, Any]:
     }
 
 
-def run_end_event(run: Run) -> dict[str, Any]:
+def run_end_event(run: Run) -> events.Event:
     """The ``run.end`` event of a settled run: its final state and the receipt of inputs it took.
     It reaches every viewer of the run, so its error is the one non-staff viewers see."""
-    return {
-        "type": "run.end",
-        "status": run.status,
-        "output": run.output,
-        "error": error_json(run, internals=False),
-        "usage": {"input_tokens": run.input_tokens, "output_tokens": run.output_tokens},
-        "inputs": list(run.inputs.exclude(consumed_step=None).values_list("id", flat=True)),
+    return events.run_end(
+        status=run.status,
+        output=run.output,
+        error=error_json(run, internals=False),
+        usage={"input_tokens": run.input_tokens, "output_tokens": run.output_tokens},
+        inputs=list(run.inputs.exclude(consumed_step=None).values_list("id", flat=True)),
         # A cancel closes an open approval without a run.resume: the page learns it here.
-        "decisions": decisions_json(run),
-    }
+        decisions=decisions_json(run),
+    )

@@ -2,7 +2,8 @@
 list from which docs/streaming.md's tables, the TypeScript declarations of ``client.d.ts`` and the
 event types of ``client.js`` are written (``python -m chamvi_runs.streaming.vocabulary --write``).
 
-A test holds the server to it: every event a real run streams has exactly the fields listed here.
+The event types are ``events``' names, the ones the server builds its events with. A test holds
+the server to this list: every event a real run streams has exactly the fields listed here.
 """
 
 from __future__ import annotations
@@ -11,6 +12,20 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from .events import (
+    DELTA,
+    INPUT,
+    REPLAY_TRUNCATED,
+    RUN_END,
+    RUN_RESUME,
+    RUN_START,
+    RUN_WAITING,
+    STEP_END,
+    STEP_START,
+    TOOL_CALL,
+    TOOL_RESULT,
+)
 
 
 @dataclass(frozen=True)
@@ -43,7 +58,7 @@ STATUS = Field("status", "RunStatus")
 
 EVENTS: tuple[Event, ...] = (
     Event(
-        "run.start",
+        RUN_START,
         "RunStartEvent",
         (
             STATUS,
@@ -63,7 +78,7 @@ EVENTS: tuple[Event, ...] = (
         "the first execution began",
     ),
     Event(
-        "run.resume",
+        RUN_RESUME,
         "RunResumeEvent",
         (
             STATUS,
@@ -72,15 +87,15 @@ EVENTS: tuple[Event, ...] = (
         "a later execution began (after a decision, a drain or a recovery)",
     ),
     Event(
-        "input",
+        INPUT,
         "InputEvent",
         (STEP, Field("input_id", "string"), Field("payload", "Json")),
         "a steering input was taken into the conversation, before the model call of `step`; announced "
         "again by a later execution when that model call was not saved (show each `input_id` once)",
     ),
-    Event("step.start", "StepStartEvent", (STEP, ATTEMPT), "a model call began"),
+    Event(STEP_START, "StepStartEvent", (STEP, ATTEMPT), "a model call began"),
     Event(
-        "delta",
+        DELTA,
         "DeltaEvent",
         (
             STEP,
@@ -91,7 +106,7 @@ EVENTS: tuple[Event, ...] = (
         "streamed text of the model call",
     ),
     Event(
-        "step.end",
+        STEP_END,
         "StepEndEvent",
         (
             STEP,
@@ -101,13 +116,13 @@ EVENTS: tuple[Event, ...] = (
         "the model call ended",
     ),
     Event(
-        "tool.call",
+        TOOL_CALL,
         "ToolCallEvent",
         (STEP, Field("tool_call_id", "string | null"), Field("name", "string"), Field("input", "Json")),
         "a tool is about to run (`step` is the tool step's index)",
     ),
     Event(
-        "tool.result",
+        TOOL_RESULT,
         "ToolResultEvent",
         (
             STEP,
@@ -119,7 +134,7 @@ EVENTS: tuple[Event, ...] = (
         "its result",
     ),
     Event(
-        "run.waiting",
+        RUN_WAITING,
         "RunWaitingEvent",
         (
             Field("approval_id", "string"),
@@ -136,7 +151,7 @@ EVENTS: tuple[Event, ...] = (
         "point, so a model call that asks two questions sends two",
     ),
     Event(
-        "run.end",
+        RUN_END,
         "RunEndEvent",
         (
             STATUS,
@@ -153,7 +168,7 @@ EVENTS: tuple[Event, ...] = (
         "the run settled: the receipt",
     ),
     Event(
-        "replay.truncated",
+        REPLAY_TRUNCATED,
         "ReplayTruncatedEvent",
         (STATUS, Field("from_step", "number")),
         "the events before this one are gone: drop what you showed, what follows rebuilds the run (below)",

@@ -38,6 +38,7 @@ from ..core.states import TERMINAL
 from ..models import Run
 from ..streaming.broadcast import events_of, publisher, run_group
 from ..streaming.cursor import QUIET_SECONDS, Cursor, Reread
+from ..streaming.events import RUN_END
 from ..streaming.replay import missed_after, replay_for, settled_after
 from .errors import ApiError
 from .views_api import _run_for, api_view
@@ -161,7 +162,7 @@ def _frames(events: list[dict[str, Any]]) -> list[str]:
     frames = []
     for event in events:
         frames.append(_frame(event))
-        if event.get("type") == "run.end":
+        if event.get("type") == RUN_END:
             break
     return frames
 

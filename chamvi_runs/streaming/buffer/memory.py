@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..events import RUN_END
 from .rules import BUFFER_BYTES, BUFFER_EVENTS, MAX_SEQ, Rebuild, Window, buffer_ttl, dropped, region
 
 
@@ -67,9 +68,9 @@ class MemoryEventLog:
 
     def _append(self, run_id: str, event: dict[str, Any], repair: bool = False) -> dict[str, Any] | None:
         held = self._live(run_id)
-        if event.get("type") == "run.end":
+        if event.get("type") == RUN_END:
             # One per run: a repair (``end``) may have stored it before the settling process did.
-            if held and held.events and held.events[-1].get("type") == "run.end":
+            if held and held.events and held.events[-1].get("type") == RUN_END:
                 return None
             if repair and not (held and held.events):
                 return None
@@ -92,9 +93,7 @@ class MemoryEventLog:
         """As ``RedisEventLog.lacking_end``."""
         with self._lock:
             helds = [(run_id, self._live(run_id)) for run_id in run_ids]
-            return [
-                r for r, held in helds if held and held.events and held.events[-1].get("type") != "run.end"
-            ]
+            return [r for r, held in helds if held and held.events and held.events[-1].get("type") != RUN_END]
 
     def _top(self, run_id: str, held: _Held | None) -> int:
         return max(self._seq.get(run_id, 0), held.events[-1]["seq"] if held and held.events else 0)

@@ -8,6 +8,7 @@ from typing import Any
 
 import redis
 
+from ..events import RUN_END
 from .rules import BUFFER_BYTES, BUFFER_EVENTS, MAX_SEQ, SEQ_TTL, Rebuild, Window, buffer_ttl, cover
 
 
@@ -56,7 +57,7 @@ class RedisEventLog:
         event a region already holds."""
         calls = []
         for run_id, event in items:
-            once = "end" if event.get("type") == "run.end" else ""
+            once = "end" if event.get("type") == RUN_END else ""
             calls.append([*self._keys(run_id), *self._append_args(event, *cover(event), once)])
         # EVALSHA straight into the pipeline: a pipeline of registered scripts first asks Redis
         # whether they exist (SCRIPT EXISTS), a second round trip for every batch. A Redis that lost
@@ -96,7 +97,7 @@ class RedisEventLog:
         return [
             run_id
             for run_id, last in zip(run_ids, lasts, strict=True)
-            if isinstance(last, list) and last and json.loads(last[0]).get("type") != "run.end"
+            if isinstance(last, list) and last and json.loads(last[0]).get("type") != RUN_END
         ]
 
     def window(self, run_id: str, after: int) -> Window:

@@ -1,5 +1,7 @@
 """The buffer's rules, the same for both stores: caps, lifetime, what a region covers and carries.
-The Lua scripts of the Redis store apply them too (``lua/``); a change here is a change there."""
+The Lua scripts of the Redis store apply them too (``lua/``); a change here is a change there. The
+scripts spell the event types they test themselves (``run.start``, ``run.waiting``, ``run.end``,
+``replay.truncated``): here they are ``events``' names."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import Any, NamedTuple
 from django.utils import timezone
 
 from ...conf import conf
+from ..events import REPLAY_TRUNCATED, RUN_END, RUN_START, RUN_WAITING
 
 # Events kept per run: a model streaming a 4-character delta every 20 ms fills it in 200 s.
 BUFFER_EVENTS = 10_000
@@ -22,7 +25,8 @@ BUFFER_EVENTS = 10_000
 # in 3 s was measured).
 BUFFER_BYTES = 8 * 1024 * 1024
 SEQ_TTL = 90 * 24 * 3600
-MARKER = "replay.truncated"
+# The event that opens a rebuild (``events.replay_truncated``).
+MARKER = REPLAY_TRUNCATED
 # Above any run's seq: a client's seq is clamped to it before a script sees it (Lua prints numbers
 # with 14 digits, so the scripts must never count near 10**14). A larger seq is just ahead.
 MAX_SEQ = 10**12
@@ -32,10 +36,10 @@ def buffer_ttl(event: dict[str, Any]) -> int:
     """Seconds a run's buffer lives after ``event``: long enough for any wait of an active run,
     ``STREAM_BUFFER_SECONDS`` once it has ended."""
     settled = max(math.ceil(conf.STREAM_BUFFER_SECONDS), 1)
-    if event.get("type") == "run.end":
+    if event.get("type") == RUN_END:
         return settled
     ttl = settled + math.ceil(conf.APPROVAL_TTL.total_seconds())
-    expires = event.get("expires_at") if event.get("type") == "run.waiting" else None
+    expires = event.get("expires_at") if event.get("type") == RUN_WAITING else None
     if isinstance(expires, str):
         # An agent's own approval TTL may be longer than the site's.
         try:
@@ -52,9 +56,9 @@ def cover(event: dict[str, Any]) -> tuple[int, str]:
     step = event.get("step")
     kind = event.get("type")
     token = ""
-    if kind == "run.start":
+    if kind == RUN_START:
         token = "start"
-    elif kind == "run.waiting":
+    elif kind == RUN_WAITING:
         token = f"w:{event.get('approval_id')}"
     return (step if isinstance(step, int) and not isinstance(step, bool) else -1), token
 
@@ -100,7 +104,7 @@ def carried(held: list[dict[str, Any]], step: int, waiting: str) -> list[dict[st
     out = []
     for event in held:
         index, token = cover(event)
-        if event.get("type") in ("run.start", MARKER):
+        if event.get("type") in (RUN_START, MARKER):
             continue
         if index >= 0:
             if index > step:
