@@ -57,12 +57,12 @@ test: lint
 PYTHON6 ?= python3.12
 VENV6 := .venv-django6
 PY6 := $(VENV6)/bin/python
-DJANGO6_TESTS := tests/unit/test_checks.py tests/test_admin.py tests/test_admin_stuck.py tests/test_pages.py \
-	tests/test_http_api.py tests/test_http_bad_input.py tests/test_http_scoping.py tests/test_websocket.py \
-	tests/test_sse.py tests/test_engine_basics.py tests/test_engine_failures.py \
-	tests/test_approvals_and_effects.py tests/test_claims_and_steering.py tests/test_prune.py \
-	tests/test_metrics.py tests/test_logs.py tests/unit/test_migrations.py tests/test_asgi_app.py \
-	tests/test_docs_samples.py tests/test_fresh_site.py tests/test_conversation_http.py tests/test_history_parts.py
+DJANGO6_TESTS := tests/unit/test_checks.py tests/unit/test_migrations.py \
+	$(addprefix tests/integration/,test_admin.py test_admin_stuck.py test_pages.py test_http_api.py \
+		test_http_bad_input.py test_http_scoping.py test_websocket.py test_sse.py test_engine_basics.py \
+		test_engine_failures.py test_approvals_and_effects.py test_claims_and_steering.py test_prune.py \
+		test_metrics.py test_logs.py test_docs_samples.py test_conversation_http.py test_history_parts.py) \
+	tests/system/test_asgi_app.py tests/system/test_fresh_site.py
 
 test-django6:
 	test -x $(PY6) || $(PYTHON6) -m venv $(VENV6)
@@ -75,11 +75,11 @@ test-django6:
 # The fault-injection suite at SCALE times its CI size (default 5: 250 randomly killed runs, ...).
 SCALE ?= 5
 soak: $(DEV)
-	CHAMVI_FAULT_SCALE=$(SCALE) $(PY) -m pytest tests/faults
+	CHAMVI_FAULT_SCALE=$(SCALE) $(PY) -m pytest tests/system/faults
 
 # The PNGs of docs/screenshots/, taken by the browser suite (headless Chromium) as it goes.
 screenshots: $(DEV)
-	CHAMVI_SCREENSHOTS=docs/screenshots $(PY) -m pytest tests/browser -q
+	CHAMVI_SCREENSHOTS=docs/screenshots $(PY) -m pytest tests/system/browser -q
 
 # chamvi_runs beside the bare openai calls, raw SQL, LangGraph and DBOS (docs/benchmarks.md and .png).
 # The peers and matplotlib go into venvs of their own under $CHAMVI_BENCH_HOME, never into $(VENV).

@@ -22,8 +22,8 @@ from django.db.backends.postgresql.operations import DatabaseOperations
 from django.test import Client
 from rq.serializers import JSONSerializer
 
-from tests.helpers import Api, logged_in, make_superuser, make_user, session_api
-from tests.scripted_server import ScriptedServer
+from tests.support.helpers import Api, logged_in, make_superuser, make_user, session_api
+from tests.support.scripted_server import ScriptedServer
 
 DEFAULT_PORTS = {"DATABASE_URL": 5432, "REDIS_URL": 6379}
 
@@ -156,7 +156,7 @@ def queue():
     return q
 
 
-# --- users and their clients (tests.helpers makes named ones) -----------------------------------
+# --- users and their clients (tests.support.helpers makes named ones) -----------------------------------
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from project.settings import CHAMVI_RUNS, INSTALLED_APPS
 
 # Without "daphne", whose app only swaps in its runserver: every worker, command and site process
 # the suite starts would import its server (twisted) for nothing, 0.4 s each. Tests start daphne
-# itself as a process (tests/processes.py).
+# itself as a process (tests/support/processes.py).
 INSTALLED_APPS = [*(app for app in INSTALLED_APPS if app != "daphne"), "tests.testapp"]
 CHAMVI_RUNS = {
     **CHAMVI_RUNS,

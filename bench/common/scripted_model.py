@@ -1,4 +1,4 @@
-"""The tests' scripted model (``tests.scripted``: one thread per request) as a process of its own,
+"""The tests' scripted model (``tests.support.scripted``: one thread per request) as a process of its own,
 so that its streams share no GIL with what a bench measures. A bench's model module answers with
 its own replies (bench.compare.workload_model, bench.concurrency.thinking_model): it calls
 ``serve``, which prints ``{"base_url": ..., "pid": ...}`` and serves until stdin closes.
@@ -20,9 +20,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from bench.common import ROOT
-from tests.scripted.handler import ScriptedHandler, ScriptedHTTPServer
-from tests.scripted.state import ServerState
-from tests.scripted_server import Reply
+from tests.support.scripted.handler import ScriptedHandler, ScriptedHTTPServer
+from tests.support.scripted.state import ServerState
+from tests.support.scripted_server import Reply
 
 Responder = Callable[[dict[str, Any]], Reply]
 

@@ -2,7 +2,7 @@
 that streams paced SSE chunks whose text embeds the moment each chunk was sent (``stamps.stamp()``,
 taken right before the write).
 
-tests/scripted builds a reply's text when the reply is chosen, before streaming starts, so it cannot
+tests/support/scripted builds a reply's text when the reply is chosen, before streaming starts, so it cannot
 stamp at send time; this server can. It answers every request alike (the model name is ignored):
 ``--chunks`` chunks of ``--filler`` characters plus a stamp, ``--pace`` seconds before each. With
 ``--tool-first`` a conversation without a tool result gets the paced text plus a call of ``add``,

@@ -16,7 +16,7 @@ from typing import Any
 
 from bench.common.scripted_model import serve
 from bench.compare import workload
-from tests.scripted_server import Event, Reply, delay, finish, text, tool_call, usage
+from tests.support.scripted_server import Event, Reply, delay, finish, text, tool_call, usage
 
 
 def reply_for(body: dict[str, Any], paced: bool) -> Reply:

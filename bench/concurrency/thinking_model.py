@@ -12,7 +12,7 @@ import argparse
 from typing import Any
 
 from bench.common.scripted_model import serve
-from tests.scripted_server import Reply, delay, finish, text, usage
+from tests.support.scripted_server import Reply, delay, finish, text, usage
 
 MODEL = "m-basic"
 

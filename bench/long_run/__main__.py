@@ -55,7 +55,7 @@ def main() -> None:
     from chamvi_runs import Agent, Budget, signals, start_run, tool
     from chamvi_runs.models import Checkpoint, Run
     from chamvi_runs.runtime import engine
-    from tests.scripted_server import Reply, ScriptedServer, finish, text, tool_call, usage
+    from tests.support.scripted_server import Reply, ScriptedServer, finish, text, tool_call, usage
 
     @tool
     def lookup_order(order_id: str) -> dict:

@@ -4,7 +4,7 @@
 
 (``make bench`` is the comparison with the peers, bench/compare/: docs/benchmarks.md.)
 
-Both sides stream the same scripted replies from tests/scripted_server.py over real HTTP through
+Both sides stream the same scripted replies from tests/support/scripted_server.py over real HTTP through
 the real openai client. The baseline makes the model calls alone; chamvi_runs executes whole runs
 (claim, lease keeper, steps + checkpoint per model call, tool execution, events in Redis and the
 channel layer, settle) on PostgreSQL. Needs PostgreSQL and Redis (DATABASE_URL / REDIS_URL; the
@@ -45,7 +45,7 @@ def main() -> None:
     from chamvi_runs import start_run
     from chamvi_runs.models import Run
     from chamvi_runs.runtime import engine
-    from tests.scripted_server import Reply, ScriptedServer, finish, text, tool_call, usage
+    from tests.support.scripted_server import Reply, ScriptedServer, finish, text, tool_call, usage
 
     scenarios = {
         "tool call + answer (2 model calls, 1 tool)": lambda: [

@@ -2,7 +2,7 @@
 not share a loop (or the GIL) with the bench's driver.
 
 A client process reads its task as JSON on stdin (``port``, ``cookie``, ``paths``, ``patience``),
-opens one socket per path (``tests.ws_client.Socket``: it answers daphne's pings), prints ``READY``,
+opens one socket per path (``tests.support.ws_client.Socket``: it answers daphne's pings), prints ``READY``,
 then follows each socket until ``run.end`` or ``patience`` seconds of silence, and prints one JSON
 line: per socket, what arrived (seqs checked for gaps, duplicates and order), the text of its
 deltas, and receive time minus send stamp for every stamp in them."""
@@ -19,7 +19,7 @@ from typing import Any
 
 from bench.common import ROOT
 from bench.common.stamps import latencies_ms
-from tests.ws_client import Socket
+from tests.support.ws_client import Socket
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Draws ``docs/diagrams/layers.svg``: the layers of chamvi_runs (docs/architecture.md).
 
 Python's standard library only. After changing the picture, run ``python docs/diagrams/layers.py``
-and commit both files: ``tests/test_docs_diagram.py`` fails when the SVG is not what this draws.
+and commit both files: ``tests/integration/test_docs_diagram.py`` fails when the SVG is not what this draws.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ A block is either run by a test or excused:
     <!-- not-run: <reason> -->             not run, for the reason given (a shell command that
                                            starts a server, a diagram)
 
-``tests/test_docs_samples.py`` fails on a block with neither marker, on an empty reason, on a name
+``tests/integration/test_docs_samples.py`` fails on a block with neither marker, on an empty reason, on a name
 used twice, and on a sample that no test takes.
 """
 

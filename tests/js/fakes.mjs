@@ -183,7 +183,7 @@ export const flush = () => new Promise((resolve) => setImmediate(resolve));
 
 // --- recorded event sequences --------------------------------------------------------------
 
-/** A JSON sample of the docs (`<!-- sample: NAME -->`): tests/test_docs_samples.py checks that the
+/** A JSON sample of the docs (`<!-- sample: NAME -->`): tests/integration/test_docs_samples.py checks that the
     server sends events of exactly these shapes, so feeding them here feeds what the server sends. */
 export function docSample(name) {
   const text = readFileSync(new URL("../../docs/streaming.md", import.meta.url), "utf8");

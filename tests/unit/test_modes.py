@@ -1,8 +1,8 @@
 """The deployment mode (``chamvi_runs.modes``): chosen from the settings as they are now, built once
 per process and setting, and the one place ``EXECUTOR`` is read; its jobs resolve to the functions
 they name, and its job ids carry the run the janitor reads back. No test here rings a doorbell:
-that executes a run (tests/test_engine_basics.py, tests/test_worker_process.py, and embedded mode in
-tests/test_asgi_app.py and tests/test_fresh_site.py)."""
+that executes a run (tests/integration/test_engine_basics.py, tests/system/test_worker_process.py,
+and embedded mode in tests/system/test_asgi_app.py and tests/system/test_fresh_site.py)."""
 
 from __future__ import annotations
 

@@ -1,1 +1,0 @@
-"""The pieces behind ``tests.scripted_server``; import from that facade, not from here."""

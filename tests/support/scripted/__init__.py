@@ -1,0 +1,1 @@
+"""The pieces behind ``tests.support.scripted_server``; import from that facade, not from here."""

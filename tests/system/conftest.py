@@ -1,0 +1,20 @@
+"""The system tier: tests that start processes (RQ workers they may kill, daphne, Chromium, Node,
+PostgreSQL clusters of their own, fresh sites) and load. Every test here is marked ``system``
+(``pytest -m system``; ``-m "not system"`` runs the rest, quicker)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+
+
+# tryfirst: the mark is set before pytest's own hook deselects by -m.
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # A conftest's collection hook sees every item of the session: only those under this directory.
+    for item in items:
+        if item.path.is_relative_to(HERE):
+            item.add_marker(pytest.mark.system)
