@@ -33,8 +33,8 @@ STYLE = {
 LAYERS = [
     ("web/", "HTTP API, pages, SSE, websocket consumers"),
     ("api.py", "start_run, send_input, answer, approve, regenerate, …"),
-    ("runtime/", "engine, tool_calls, lease_keeper, lifecycle, janitor"),
-    ("dispatch/ · streaming/ · agents/", "doorbell, threads · events, replay · Agent, @tool"),
+    ("runtime/", "engine, model_step, fenced_writes, tool_calls, janitor"),
+    ("dispatch/ · streaming/ · agents/", "doorbell · events, cursor, replay · Agent, @tool"),
     ("store/", "the only writer of run state"),
     ("core/", "pure Python: states, decisions, lease, ports"),
 ]
@@ -50,7 +50,7 @@ ENTRY = [
 # (row, the row of the layer that imports it first, title, subtitle); every layer above that one
 # may import it too.
 SHARED = [
-    (3, 3, "conf · policy · signals", "settings, permissions, signals"),
+    (3, 3, "conf · modes · policy", "settings, mode, permissions, signals"),
     (4, 4, "models · errors", "Django models, exceptions"),
 ]
 
