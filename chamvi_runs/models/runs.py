@@ -1,9 +1,7 @@
-"""Run, Step, Checkpoint, WaitPoint and their helpers. Fields, constraints and indexes only:
-every write of run state goes through ``chamvi_runs.store``."""
+"""A run, the thread it continues, and its history: the steps it saved and its checkpoint."""
 
 from __future__ import annotations
 
-import secrets
 from datetime import timedelta
 from typing import Any
 
@@ -13,27 +11,8 @@ from django.db.models import Q
 from django.db.models.functions import Now
 from django.urls import reverse
 
-from .core.states import Status
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_urlsafe(16)}"
-
-
-def new_run_id() -> str:
-    return new_id("run")
-
-
-def new_approval_id() -> str:
-    return new_id("apr")
-
-
-def new_artifact_id() -> str:
-    return new_id("art")
-
-
-def new_input_id() -> str:
-    return new_id("inp")
+from ..core.states import Status
+from .ids import new_run_id
 
 
 class Run(models.Model):
@@ -281,168 +260,3 @@ class Checkpoint(models.Model):
     def _parts(self, after: int | None, upto: int) -> list[Any]:
         steps = Step.objects.filter(run_id=self.run_id, index__gt=after, index__lte=upto).order_by("index")
         return list(steps.values_list("messages", flat=True))
-
-
-class WaitPoint(models.Model):
-    class Decision(models.TextChoices):
-        APPROVED = "approved"
-        DENIED = "denied"
-        EXPIRED = "expired"
-        # The run was cancelled while it waited: nobody decided the call, and it never ran.
-        CANCELLED = "cancelled"
-        # A question's answer was recorded (``answer``): it becomes the tool's result.
-        ANSWERED = "answered"
-
-    class Kind(models.TextChoices):
-        APPROVAL = "approval"
-        # A question to the run's user (``human_tool``): answered, not approved.
-        INPUT = "input"
-
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="waitpoints")
-    kind = models.CharField(max_length=20, choices=Kind.choices, default=Kind.APPROVAL)
-    approval_id = models.CharField(max_length=40, unique=True, default=new_approval_id, editable=False)
-    step_index = models.PositiveIntegerField(help_text="The wait step that opened it.")
-    # An approval belongs to one call: its model call's step and its position in that call's
-    # tool_calls, bound to its exact arguments. The provider's call id is kept for the history only:
-    # providers reuse ids across turns.
-    model_step = models.PositiveIntegerField(default=0, help_text="The llm step whose call it decides.")
-    call_position = models.PositiveIntegerField(default=0, help_text="The call's position in that step.")
-    arguments_hash = models.CharField(max_length=64, blank=True, default="")
-    tool_call_id = models.CharField(max_length=200)
-    tool_name = models.CharField(max_length=200)
-    input = models.JSONField(null=True, blank=True, help_text="The arguments the model proposed.")
-    approved_input = models.JSONField(
-        null=True,
-        blank=True,
-        help_text="The arguments a person approved instead of the proposal (null: approved as proposed); "
-        "arguments_hash binds them.",
-    )
-    editable = models.BooleanField(
-        default=True, db_default=True, help_text="Whether the approver may change the arguments."
-    )
-    answer_schema = models.JSONField(
-        null=True, blank=True, help_text="A question's JSON Schema of the answer (null: any JSON)."
-    )
-    # Database defaults: the previous release, still running during a deploy, inserts wait points
-    # without these columns.
-    client = models.BooleanField(
-        default=False,
-        db_default=False,
-        help_text="A question the page's code answers (a client tool), not a person.",
-    )
-    answer = models.JSONField(null=True, blank=True, help_text="A question's answer, once answered.")
-    expires_at = models.DateTimeField(null=True, blank=True)
-    token_hash = models.CharField(max_length=64, blank=True, default="")
-    notified_at = models.DateTimeField(null=True, blank=True)
-    notify_attempts = models.PositiveIntegerField(default=0)
-    next_notify_at = models.DateTimeField(
-        null=True, blank=True, help_text="No notifier call before this: one is in flight, or backing off."
-    )
-    decision = models.CharField(max_length=10, choices=Decision.choices, null=True, blank=True)
-    decided_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
-    decided_at = models.DateTimeField(null=True, blank=True)
-    reason = models.TextField(blank=True, default="")
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    # The raw token exists only in memory, for the notifier (SPEC §4).
-    token: str | None = None
-    # Set by ``store.decide``: this decision was the run's last open one, and the run is running again.
-    resumes: bool = False
-
-    class Meta:
-        ordering = ["-created_at"]
-        permissions = [("approve_waitpoint", "Can approve or deny a waiting run")]
-        constraints = [
-            # Questions of one model call wait together; approvals one at a time.
-            models.UniqueConstraint(
-                fields=["run"],
-                condition=Q(decision__isnull=True, kind="approval"),
-                name="chamvi_waitpoint_one_open_approval",
-            ),
-            models.UniqueConstraint(
-                fields=["run", "model_step", "call_position"], name="chamvi_waitpoint_one_per_call"
-            ),
-            models.CheckConstraint(
-                condition=Q(decision__isnull=True)
-                | Q(decision__in=["approved", "denied", "expired", "cancelled", "answered"]),
-                name="chamvi_waitpoint_decision_valid",
-            ),
-            models.CheckConstraint(
-                condition=Q(kind__in=["approval", "input"]), name="chamvi_waitpoint_kind_valid"
-            ),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.tool_name} for {self.run_id} ({self.decision or 'open'})"
-
-
-class RunInput(models.Model):
-    """A steering input sent with ``send_input``; taken into account before the run's next model call."""
-
-    id = models.CharField(primary_key=True, max_length=40, default=new_input_id, editable=False)
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="inputs")
-    payload = models.JSONField()
-    created_at = models.DateTimeField(auto_now_add=True)
-    consumed_step = models.PositiveIntegerField(null=True, blank=True)
-    # Null for inputs an older release stored while the new one was rolled out (store.steering
-    # measures those by their stored text).
-    size = models.PositiveIntegerField(
-        null=True,
-        blank=True,
-        help_text="Bytes of the payload as JSON, as MAX_PENDING_INPUT_BYTES counts them.",
-    )
-
-    class Meta:
-        ordering = ["created_at", "id"]
-
-    def __str__(self) -> str:
-        return f"input {self.id} to {self.run_id}"
-
-
-class Artifact(models.Model):
-    id = models.CharField(primary_key=True, max_length=40, default=new_artifact_id, editable=False)
-    file = models.FileField(upload_to="chamvi_artifacts/%Y/%m/")
-    filename = models.CharField(max_length=255)
-    media_type = models.CharField(max_length=255, default="application/octet-stream")
-    size = models.PositiveBigIntegerField(default=0)
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    def __str__(self) -> str:
-        return f"{self.filename} ({self.id})"
-
-
-class EffectRecord(models.Model):
-    """The durable result of one effect-tool execution; a repeat returns it instead of running again."""
-
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="effects")
-    key = models.CharField(max_length=300)
-    tool_name = models.CharField(max_length=200)
-    input = models.JSONField(null=True, blank=True)
-    output = models.JSONField(null=True, blank=True)
-    error = models.TextField(blank=True, default="")
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        constraints = [models.UniqueConstraint(fields=["run", "key"], name="chamvi_effect_once")]
-
-    def __str__(self) -> str:
-        return f"{self.tool_name} {self.key}"
-
-
-class ApiToken(models.Model):
-    """A bearer token for the HTTP API, stored hashed; the raw token is shown once at creation."""
-
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="chamvi_tokens")
-    name = models.CharField(max_length=100)
-    prefix = models.CharField(max_length=12, editable=False)
-    token_hash = models.CharField(max_length=64, unique=True, editable=False)
-    created_at = models.DateTimeField(auto_now_add=True)
-    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
-
-    class Meta:
-        verbose_name = "API token"
-
-    def __str__(self) -> str:
-        return f"{self.name} ({self.prefix}…)"
