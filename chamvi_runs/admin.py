@@ -10,11 +10,9 @@ them, and a NUL or a lone surrogate in a URL matches nothing instead of failing 
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 from django.contrib import admin, messages
-from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.db import models
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -24,29 +22,13 @@ from django.views.decorators.debug import sensitive_variables
 
 from . import api
 from .models import ApiToken, Checkpoint, Run, Step, StuckRun, WaitPoint
-from .runtime.janitor import Requeued, requeue
-from .store.queries import Stuck, stuck_runs
 from .streaming.serializers import pretty_json, question
-from .web.admin_lists import AgentFilter, LatestRows, StepColumns, Storable, run_link, second, short
+from .web.admin_lists import AgentFilter, LatestRows, ReadOnly, StepColumns, Storable, run_link, second, short
+from .web.admin_stuck import StuckRunAdmin as StuckRunAdmin  # public here: docs/public-api.md
 from .web.approvals import decide
 from .web.auth import create_token
 from .web.errors import ApiError
 from .web.wait_display import answer_text, argument_changes
-
-
-class ReadOnly:
-    """Whatever permissions a staff user holds: no add, no change form save, no delete (which also
-    removes the "delete selected" action)."""
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
 
 # A run's place in its thread on its admin page, and how many of the runs replacing it are linked.
 LINEAGE_FIELDS = ("replaces_run", "replaced_by_runs", "forked_from_run")
@@ -241,95 +223,7 @@ class RunAdmin(Storable, ReadOnly, admin.ModelAdmin):
         return _may_approve(request.user)
 
 
-def _span(delta: timedelta) -> str:
-    seconds = max(int(delta.total_seconds()), 0)
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            return f"{seconds // size} {unit}"
-    return f"{seconds} s"
-
-
-def _worker(owner: str | None) -> str:
-    """host:pid of a claim owner (host:pid:thread:nonce)."""
-    return owner.rsplit(":", 2)[0] if owner else "none"
-
-
-class StuckReasonFilter(admin.SimpleListFilter):
-    title = "why stuck"
-    parameter_name = "reason"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(value, str(label)) for value, label in Stuck.choices]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        return queryset.filter(stuck_reason=self.value()) if self.value() else queryset
-
-
-@admin.register(StuckRun)
-class StuckRunAdmin(Storable, ReadOnly, admin.ModelAdmin):
-    """Runs nothing is moving on (``store.queries.stuck_runs``), with an action that does for them
-    now what ``chamvi_tick`` does once they are due. A queued run is stuck after ``queued_after``: a
-    site changes it by registering a subclass instead (``admin.site.unregister(StuckRun)`` first)."""
-
-    queued_after = timedelta(minutes=10)
-    list_display = ["run_id", "agent", "why_stuck", "attempt", "claim_owner", "created_at"]
-    list_display_links = None
-    list_filter = [StuckReasonFilter, AgentFilter]
-    list_defer = ("trigger", "output", "error_message")
-    show_full_result_count = False
-    search_fields = ["id"]
-    actions = ["requeue_runs"]
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[StuckRun]:
-        return stuck_runs(super().get_queryset(request), self.queued_after)
-
-    @admin.display(description="id", ordering="id")
-    def run_id(self, run: StuckRun) -> SafeString:
-        """The run's own admin page, with its steps and wait points."""
-        return run_link(run.pk)
-
-    @admin.display(description="why stuck", ordering="stuck_for")
-    def why_stuck(self, run: StuckRun) -> str:
-        span = _span(run.stuck_for)
-        if run.stuck_reason == Stuck.LEASE_EXPIRED:
-            return f"lease expired {span} ago (worker {_worker(run.claim_owner)})"
-        if run.stuck_reason == Stuck.QUEUED:
-            return f"queued {span}"
-        return f"approval expired {span} ago"
-
-    def has_requeue_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("chamvi_runs.requeue_run")
-
-    @admin.action(description="Requeue selected stuck runs", permissions=["requeue"])
-    def requeue_runs(self, request: HttpRequest, queryset: QuerySet[StuckRun]) -> None:
-        # The queryset is the selection as stuck_runs sees it now: a selected run missing from it is
-        # no longer stuck (a worker took it, it was decided or settled) and is left alone.
-        stuck = list(queryset.values_list("pk", flat=True))
-        for run_id in sorted(set(request.POST.getlist(ACTION_CHECKBOX_NAME)) - set(stuck)):
-            self.message_user(request, f"{run_id} is no longer stuck: skipped.", messages.WARNING)
-        for run_id in stuck:
-            self._report(request, run_id, requeue(run_id))
-
-    def _report(self, request: HttpRequest, run_id: str, outcome: Requeued) -> None:
-        if outcome == Requeued.ENQUEUED:
-            self.message_user(
-                request, f"{run_id} is on the queue again: a worker will claim it.", messages.SUCCESS
-            )
-        elif outcome == Requeued.EXPIRED:
-            status = Run.objects.get(pk=run_id).status
-            self.message_user(
-                request, f"{run_id}: its approval expired; the run is {status} now.", messages.SUCCESS
-            )
-        elif outcome == Requeued.JOB_WAITING:
-            self.message_user(
-                request,
-                f"{run_id} already has a job waiting in the queue: are workers running, or all busy?",
-                messages.WARNING,
-            )
-        else:
-            self.message_user(
-                request, f"{run_id} was decided or cancelled meanwhile: skipped.", messages.WARNING
-            )
+admin.site.register(StuckRun, StuckRunAdmin)
 
 
 @admin.register(WaitPoint)

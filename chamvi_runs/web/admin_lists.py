@@ -1,6 +1,7 @@
 """What the admin's lists and rows show, and how they stay bounded (``chamvi_runs/admin.py`` registers
-them): text PostgreSQL cannot store in a URL matches nothing, lists leave out heavy columns, a run's
-inlines show their latest rows, and a step's content fits on a line, its times to the second."""
+them): nothing of them is added, changed or deleted, text PostgreSQL cannot store in a URL matches
+nothing, lists leave out heavy columns, a run's inlines show their latest rows, and a step's content
+fits on a line, its times to the second."""
 
 from __future__ import annotations
 
@@ -96,6 +97,20 @@ class Storable:
             request.POST = storable  # type: ignore[assignment]
         response: HttpResponse | None = super().response_action(request, *args, **kwargs)  # type: ignore[misc]
         return response
+
+
+class ReadOnly:
+    """Whatever permissions a staff user holds: no add, no change form save, no delete (which also
+    removes the "delete selected" action)."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
 
 
 def second(value: datetime | None) -> str:

@@ -23,7 +23,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
 from .. import api
-from ..core.branches import Node, current_branch, parents
+from ..core.branches import current_branch
 from ..core.states import TERMINAL, Status
 from ..core.storable import WHAT, unstorable
 from ..models import Run, Step, Thread, WaitPoint
@@ -32,13 +32,19 @@ from ..store import queries
 from ..streaming.serializers import error_json, shows_internals
 from . import threads
 from .approvals import decide
-from .consumers import THREAD_REPLAY_RUNS
 from .errors import ApiError
+from .lineage import (
+    THREAD_RUNS,
+    branch_of,
+    in_order,
+    lineage_notes,
+    may_again,
+    off_branch,
+    replaced_by,
+    trigger_payloads,
+)
 from .wait_display import canonical, compact, decision_row, open_wait
 
-# How many earlier runs of its thread a run page shows above it, and runs a thread page shows: as
-# many as the thread socket replays, or the page would take older replayed runs for new ones.
-THREAD_RUNS = THREAD_REPLAY_RUNS
 # How many of a run's latest steps its summary on a thread page carries.
 SUMMARY_STEPS = 100
 # The mark after a model's answer that ended before its end, by the finish reason its llm step
@@ -233,7 +239,7 @@ def _thread_runs(user: Any, runs: Any, *, actions: bool = False) -> list[dict[st
     """The summaries of the runs ``user`` may view; with ``actions``, each says whether the user may
     answer it again (Regenerate) or edit its message (Edit): the thread page's buttons."""
     runs = list(runs)
-    replaced = _payloads({run.replaces_id for run in runs if run.replaces_id})
+    replaced = trigger_payloads({run.replaces_id for run in runs if run.replaces_id})
     shown = []
     for run in runs:
         if policy().can_view(user, run):
@@ -244,94 +250,6 @@ def _thread_runs(user: Any, runs: Any, *, actions: bool = False) -> list[dict[st
             summary["lineage"] = lineage_notes(run, replaced)
             shown.append(summary)
     return shown
-
-
-# --- branches (SPEC §12): regenerate, edit and resend, forks ---------------------------------------
-
-# How a run that replaces another says so: by whether it kept the trigger's payload (a regenerate)
-# or was sent with another (an edited message).
-REGENERATED = "Regenerated from"
-EDITED = "Edited from"
-
-
-def may_again(user: Any, run: Run) -> bool:
-    """Whether ``user`` may regenerate ``run`` or resend it with an edited message (the API asks the
-    same: ``can_steer`` the run and ``can_start`` its agent); whether it is settled yet is the
-    page's to follow, live."""
-    return bool(policy().can_steer(user, run) and policy().can_start(user, run.agent))
-
-
-def _payloads(run_ids: set[str]) -> dict[str, Any]:
-    """The trigger payloads of ``run_ids`` (those that still exist)."""
-    if not run_ids:
-        return {}
-    rows = Run.objects.filter(pk__in=run_ids).values_list("pk", "trigger")
-    return {pk: (trigger or {}).get("payload") for pk, trigger in rows}
-
-
-def lineage_notes(run: Run, replaced: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """What a run's page (and its summary on a thread page) says of the runs it replaces or was
-    forked from: each ``{"text", "run_id", "step"?}``, ``run_id`` linked. ``replaced``: the payloads
-    of the runs it may replace, read at once for a whole thread."""
-    notes: list[dict[str, Any]] = []
-    if run.replaces_id:
-        payloads = replaced if replaced is not None else _payloads({run.replaces_id})
-        if run.replaces_id in payloads:
-            same = canonical(payloads[run.replaces_id]) == canonical((run.trigger or {}).get("payload"))
-            notes.append({"text": REGENERATED if same else EDITED, "run_id": run.replaces_id})
-        else:
-            notes.append({"text": "Replaces", "run_id": run.replaces_id})
-    elif run.base_id:
-        notes.append({"text": "Forked from", "run_id": run.base_id, "step": fork_point(run.base_step)})
-    return notes
-
-
-def fork_point(step: int | None) -> str:
-    """Where in its base run a fork starts, as the run page says it."""
-    if step is None or step < 0:
-        return "before its first step"
-    return f"at step {step}"
-
-
-def replaced_by(run: Run) -> Run | None:
-    """The newest run that regenerates or resends ``run`` (the run JSON's ``replaced_by``)."""
-    return Run.objects.filter(replaces_id=run.pk).order_by("-created_at", "-id").only("id", "agent").first()
-
-
-def _branch_of(run: Run) -> tuple[list[str], bool]:
-    """The ids of the runs ``run`` goes on from in its thread (its parents, oldest first, without
-    it), and whether it is on the thread's current branch."""
-    nodes = queries.thread_nodes(run.thread or "", run.scope)
-    up = parents(nodes)
-    chain: list[str] = []
-    at = up.get(run.pk)
-    while at is not None and at not in chain:
-        chain.append(at)
-        at = up.get(at)
-    return chain[::-1], run.pk in current_branch(nodes)
-
-
-def _in_order(ids: list[str]) -> list[Run]:
-    """The runs of ``ids`` (those that exist), in the order of ``ids``."""
-    found = Run.objects.select_related("created_by").in_bulk(ids)
-    return [found[i] for i in ids if i in found]
-
-
-def _off_branch(user: Any, nodes: list[Node], branch: list[str]) -> list[dict[str, Any]]:
-    """The runs of a thread (``nodes``) its current branch leaves out (regenerated, edited, or after
-    those), oldest first, the latest ``THREAD_RUNS`` of them the user may view: each with the newest
-    run that replaced it, if one did."""
-    on_branch = set(branch)
-    off = [n.id for n in nodes if n.id not in on_branch][-THREAD_RUNS:]
-    newest: dict[str, str] = {}
-    replacing = Run.objects.filter(replaces_id__in=off).order_by("created_at", "id")
-    for old, new in replacing.values_list("replaces_id", "pk"):
-        newest[old] = new
-    return [
-        {"run": run, "message": (run.trigger or {}).get("payload"), "replaced_by": newest.get(run.pk)}
-        for run in _in_order(off)
-        if policy().can_view(user, run)
-    ]
 
 
 @login_required
@@ -348,8 +266,8 @@ def run_page(request: HttpRequest, run_id: str) -> HttpResponse:
     on_branch = True
     if thread is not None:
         # The runs this one goes on from: not those a regenerate or an edit left behind.
-        earlier, on_branch = _branch_of(run)
-        history = _thread_runs(user, _in_order(earlier[-THREAD_RUNS:]))
+        earlier, on_branch = branch_of(run)
+        history = _thread_runs(user, in_order(earlier[-THREAD_RUNS:]))
     context = {
         "run": run,
         "error": error_json(run, internals=shows_internals(user)),
@@ -387,12 +305,12 @@ def thread_page(request: HttpRequest, thread: str) -> HttpResponse:
     nodes = queries.thread_nodes(found.name, found.scope)
     branch = current_branch(nodes)
     shown = branch[-THREAD_RUNS:]
-    summaries = _thread_runs(request.user, _in_order(shown), actions=True)
+    summaries = _thread_runs(request.user, in_order(shown), actions=True)
     latest = Run.objects.filter(pk=nodes[-1].id).first() if nodes else None
     context = {
         "thread": found,
         "runs": summaries,
-        "replaced": _off_branch(request.user, nodes, branch),
+        "replaced": off_branch(request.user, nodes, branch),
         # Edit and Regenerate wait while a run of the thread is active (the page's script follows).
         "busy": Run.objects.filter(scope=found.scope, thread=found.name)
         .exclude(status__in=TERMINAL)

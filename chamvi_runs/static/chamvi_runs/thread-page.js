@@ -200,7 +200,7 @@ async function fill(view) {
   if (notes && !view.section.querySelector(".lineage")) view.section.querySelector(".message").before(notes);
 }
 
-// What a run replaces or was forked from (views_pages.lineage_notes): a regenerate keeps the
+// What a run replaces or was forked from (lineage.lineage_notes): a regenerate keeps the
 // message of the run it replaces, an edit changed it.
 function lineage(run, payload) {
   let text;
