@@ -1,4 +1,4 @@
-"""The stream's vocabulary (chamvi_runs/streaming/vocabulary.py) is what the files written from it say
+"""The stream's vocabulary (chamvi_runs/streaming/vocabulary/) is what the files written from it say
 and what the server sends: the events of real runs, live and rebuilt, and the sockets' replies.
 
 A client typed from client.d.ts trusts these fields: one the server drops, renames or sends with
@@ -19,6 +19,7 @@ from chamvi_runs import approve, cancel_run, regenerate, send_input, start_run
 from chamvi_runs.models import Run, RunInput, WaitPoint
 from chamvi_runs.streaming import vocabulary
 from chamvi_runs.streaming.replay import events_from_steps, replay_after
+from chamvi_runs.streaming.vocabulary import files
 from tests.integration.test_websocket import headers_for, run_path, socket
 from tests.support.helpers import events, execute, make_user
 from tests.support.scripted_server import Reply, error_event, finish, reasoning, text, tool_call, usage
@@ -89,18 +90,16 @@ def assert_conform(sources: dict[str, list[dict[str, Any]]]) -> None:
 
 # --- the written files ----------------------------------------------------------------------------
 
-REGIONS = [(path, name) for path, texts in vocabulary.regions().items() for name in texts]
+REGIONS = [(path, name) for path, texts in files.regions().items() for name in texts]
 
 
 @pytest.mark.timeout(10)
 @pytest.mark.parametrize(("path", "name"), REGIONS, ids=[f"{p.name}:{n}" for p, n in REGIONS])
 def test_each_region_written_from_the_vocabulary_is_up_to_date(path: Path, name: str) -> None:
-    written = vocabulary.region_of(path, name)
-    where = f"{path.relative_to(vocabulary.ROOT)}, region {name!r}"
+    written = files.region_of(path, name)
+    where = f"{path.relative_to(files.ROOT)}, region {name!r}"
     assert written is not None, f"{where} is missing its markers: restore them, then run `{WRITE}`"
-    assert written == vocabulary.regions()[path][name], (
-        f"{where} is not what the vocabulary writes: run `{WRITE}`"
-    )
+    assert written == files.regions()[path][name], f"{where} is not what the vocabulary writes: run `{WRITE}`"
 
 
 # --- the events of real runs ----------------------------------------------------------------------
