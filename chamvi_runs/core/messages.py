@@ -82,3 +82,19 @@ def input_message(payload: Any) -> Message:
     """A steering input as the user message the model gets: text as is, other JSON encoded."""
     text = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
     return {"role": "user", "content": text}
+
+
+def history_before(
+    run_id: str, whole: list[Any], opening_length: int | None, parts: list[Any], at: int
+) -> list[Any]:
+    """The history after step ``at``, cut from the ``whole`` one: ``parts`` are what steps 0 to
+    ``at`` stored, each its messages or their count (a save that wrote the whole history keeps only
+    the count), so the history then is a prefix of the whole one. Raises ValueError when a part or
+    the opening's length was not kept (a release that stored histories whole wrote them)."""
+    if opening_length is None or any(part is None for part in parts):
+        raise ValueError(
+            f"run {run_id}: the history after step {at} was not kept (a release that "
+            "stored histories whole wrote it)"
+        )
+    added = sum(part if isinstance(part, int) else len(part) for part in parts)
+    return whole[: opening_length + added]

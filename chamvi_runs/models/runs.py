@@ -11,6 +11,7 @@ from django.db.models import Q
 from django.db.models.functions import Now
 from django.urls import reverse
 
+from ..core.messages import history_before
 from ..core.states import Status
 from .ids import new_run_id
 
@@ -238,14 +239,7 @@ class Checkpoint(models.Model):
             return full
         steps = Step.objects.filter(run_id=self.run_id, index__lte=at)
         parts = list(steps.values_list("messages", flat=True))
-        if self.opening_length is None or any(part is None for part in parts):
-            raise ValueError(
-                f"run {self.run_id}: the history after step {at} was not kept (a release that "
-                "stored histories whole wrote it)"
-            )
-        # Each step's messages, or their count: the history is a prefix of the whole one.
-        added = sum(part if isinstance(part, int) else len(part) for part in parts)
-        return full[: self.opening_length + added]
+        return history_before(self.run_id, full, self.opening_length, parts, at)
 
     def _behind(self) -> bool:
         """Whether steps saved after ``whole_step`` add to ``messages``: this release wrote it at

@@ -17,6 +17,7 @@ from typing import Any
 
 from django.db import IntegrityError
 
+from ..core.messages import history_before
 from ..core.storable import storable
 from ..core.types import Message
 from ..models import Step
@@ -69,14 +70,7 @@ def history_at(
     if at == checkpoint.step_index:
         return full
     upto: list[Any] = [steps[i].messages for i in sorted(steps) if i <= at]
-    if checkpoint.opening_length is None or any(part is None for part in upto):
-        raise ValueError(
-            f"run {run_id}: the history after step {at} was not kept (a release that "
-            "stored histories whole wrote it)"
-        )
-    # Each step's messages, or their count: the history is a prefix of the whole one.
-    added = sum(part if isinstance(part, int) else len(part) for part in upto)
-    return full[: checkpoint.opening_length + added]
+    return history_before(run_id, full, checkpoint.opening_length, upto, at)
 
 
 def move_checkpoint(
