@@ -56,6 +56,10 @@ DRAIN_SECONDS = 30
 seconds: the model call is aborted, the step in flight may finish its writes)."""
 
 
+COMMANDS_POLL_SECONDS = 1.0
+"""How long the thread that listens for RQ's worker commands (stop a job, shut down) blocks on one
+read: also how long a stopping worker may wait for it."""
+
 FOREIGN_JOB_PAUSE = 1.0
 """How long a worker that finds only other sites' jobs in its queue waits before looking again."""
 
@@ -98,6 +102,18 @@ class Worker(SimpleWorker):
         shutdown.set("drain")
         if not self.run_threads.wait_idle(DRAIN_SECONDS):
             logger.warning("%d executions did not settle within %d s", self.run_threads.busy(), DRAIN_SECONDS)
+
+    def subscribe(self) -> None:
+        # RQ's, with a read that ends every COMMANDS_POLL_SECONDS instead of RQ's 60 s. RQ stops the
+        # thread after unsubscribing, and a thread that reads the unsubscribe's reply before the stop
+        # then waits its read's time for a new subscription; redis-py 8.2's stop() waits for the
+        # thread, so a worker told to stop (a deploy's SIGTERM) took up to a minute to exit.
+        self.log.info("Worker %s: subscribing to channel %s", self.name, self.pubsub_channel_name)
+        self.pubsub = self.connection.pubsub()
+        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        self.pubsub_thread = self.pubsub.run_in_thread(  # type: ignore[assignment]  # RQ's is typed None
+            sleep_time=COMMANDS_POLL_SECONDS, daemon=True, exception_handler=self._pubsub_exception_handler
+        )
 
     def request_stop(self, signum: Any, frame: Any) -> None:
         shutdown.set("drain")
