@@ -46,10 +46,11 @@ lint: $(DEV)
 check: lint
 	$(PY) -m pytest tests/unit -q -p no:cacheprovider
 
-# The whole suite includes tests/unit: it runs once, here, not after check.
+# The whole suite includes tests/unit: it runs once, here, not after check. tests/lanes.py runs the
+# system tier beside the others, with a database of its own, then what restarts the servers alone.
 test: lint
 	$(PY) manage.py makemigrations --check --dry-run --settings=tests.settings
-	$(PY) -m pytest
+	$(PY) -m tests.lanes
 
 # The newest Django the pins allow (6.x needs Python 3.12+), in a venv of its own: the suite's
 # tests of what touches Django (checks, admin, pages, HTTP, websockets, SSE, the engine, migrations,

@@ -7,7 +7,7 @@ os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
 os.environ.setdefault("OPENAI_API_KEY", "test")
 
 from project.settings import *  # noqa: F403
-from project.settings import CHAMVI_RUNS, INSTALLED_APPS
+from project.settings import CHAMVI_RUNS, CHANNEL_LAYERS, INSTALLED_APPS, REDIS_URL
 
 # Without "daphne", whose app only swaps in its runserver: every worker, command and site process
 # the suite starts would import its server (twisted) for nothing, 0.4 s each. Tests start daphne
@@ -23,3 +23,7 @@ CHAMVI_RUNS = {
 }
 MEDIA_ROOT = os.environ.get("CHAMVI_TEST_MEDIA", "/tmp/chamvi-test-media")
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+# Redis pub/sub channels ignore the URL's database number: two suites on one server (make test's
+# lanes, a helper's run beside CI) would hear each other's thread groups, which are named after the
+# thread, without a prefix of their own.
+CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = "chamvi-test-" + REDIS_URL.rsplit("/", 1)[-1]

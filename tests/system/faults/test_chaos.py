@@ -28,12 +28,15 @@ from tests.system.faults.harness import check, held_by, recover, start_tagged
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(600)]
 
-# Restarting the machine's PostgreSQL and Redis is for CI and for those who ask for it.
-restarts_services = pytest.mark.skipif(
-    not (os.environ.get("CI") or os.environ.get("CHAMVI_RESTART_SERVICES"))
-    or not shutil.which("pg_ctlcluster"),
-    reason="restarts PostgreSQL/Redis: set CHAMVI_RESTART_SERVICES=1 (CI=true does) on a machine you own",
-)
+
+def restarts_services(test):
+    """Restarts PostgreSQL or Redis: skipped unless asked for, and run alone (tests/lanes.py)."""
+    skip = pytest.mark.skipif(
+        not (os.environ.get("CI") or os.environ.get("CHAMVI_RESTART_SERVICES"))
+        or not shutil.which("pg_ctlcluster"),
+        reason="restarts PostgreSQL/Redis: set CHAMVI_RESTART_SERVICES=1 (CI=true does) on a machine you own",
+    )
+    return pytest.mark.alone(skip(test))
 
 
 def _scenario(name: str, concurrency: int) -> str:
@@ -65,7 +68,11 @@ def _signal_in_batches(
             time.sleep(random.uniform(0.05, 1.0))
             held = held_by(victim.pid)
             victim.signal(sig)
-            code = victim.wait(20)
+            try:
+                code = victim.wait(20)
+            except subprocess.TimeoutExpired:
+                output = victim.output()[-6000:]
+                raise AssertionError(f"worker still up 20 s after {sig!r}:\n{output}") from None
             if sig == signal.SIGTERM:
                 assert code == 0, victim.output()[-3000:]
             else:

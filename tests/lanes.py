@@ -1,0 +1,117 @@
+"""``make test``: the whole suite in two lanes at once, then the tests that must run alone.
+
+The system tier mostly waits (for leases to expire, workers to start, paced streams, Chromium) and
+the unit and integration tiers mostly compute, so on a small machine they overlap well: one after
+the other they took 14 minutes here, side by side about 10. Each lane has a database and a Redis
+database of its own (the system lane's names are derived from DATABASE_URL and REDIS_URL, or given
+as SYSTEM_DATABASE_URL and SYSTEM_REDIS_URL), so the lanes share no rows, queues, channel groups or
+replay buffers. The tests marked ``alone`` restart PostgreSQL or Redis, which would cut the other
+lane's connections: they run after both lanes, by themselves.
+
+``pytest`` alone still runs everything in one process, one test after another.
+
+    python -m tests.lanes [pytest options for every lane]
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parents[1]
+DATABASE_URL = "postgres://postgres@127.0.0.1:5432/chamvi"  # tests/settings.py's defaults
+REDIS_URL = "redis://127.0.0.1:6379/15"
+REDIS_DATABASES = 16  # a Redis server's default `databases`
+DURATIONS = "--durations=15"  # each lane names its slowest tests: where the next minute is
+
+
+def database_of_its_own(url: str) -> str:
+    """The same server, another database: pytest-django creates and drops ``test_<name>``."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"{parts.path.rstrip('/') or '/chamvi'}_system"))
+
+
+def redis_database_of_its_own(url: str) -> str:
+    parts = urlsplit(url)
+    number = int(parts.path.strip("/") or 0)
+    return urlunsplit(parts._replace(path=f"/{(number - 1) % REDIS_DATABASES}"))
+
+
+@dataclass
+class Lane:
+    name: str
+    args: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    log: Path | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    took: float = 0.0
+
+    def start(self, extra: list[str], *, to_log: bool) -> None:
+        out = None
+        if to_log:
+            self.log = Path(tempfile.mkstemp(prefix=f"chamvi-lane-{self.name}-", suffix=".log")[1])
+            out = self.log.open("wb")
+        print(f"--- {self.name}: pytest {' '.join(self.args + extra)}", flush=True)
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pytest", *self.args, *extra],
+            cwd=ROOT,
+            env={**os.environ, **self.env},
+            stdout=out,
+            stderr=subprocess.STDOUT if out else None,
+        )
+        if out:
+            out.close()
+
+    def wait(self) -> int:
+        assert self.proc is not None
+        code = self.proc.wait()
+        self.took = time.monotonic() - self.started
+        return code
+
+    def report(self, code: int) -> None:
+        if self.log:
+            print(f"\n--- {self.name}: its output", flush=True)
+            sys.stdout.write(self.log.read_text(errors="replace"))
+            self.log.unlink()
+        verdict = "passed" if code == 0 else f"FAILED (pytest exit code {code})"
+        print(f"--- {self.name}: {verdict} in {self.took:.0f} s", flush=True)
+
+
+def main(extra: list[str]) -> int:
+    database = os.environ.get("DATABASE_URL", DATABASE_URL)
+    redis = os.environ.get("REDIS_URL", REDIS_URL)
+    system_env = {
+        "DATABASE_URL": os.environ.get("SYSTEM_DATABASE_URL") or database_of_its_own(database),
+        "REDIS_URL": os.environ.get("SYSTEM_REDIS_URL") or redis_database_of_its_own(redis),
+    }
+    computing = Lane("unit and integration", ["tests/unit", "tests/integration", DURATIONS])
+    waiting = Lane("system", ["tests/system", "-m", "not alone", DURATIONS], system_env)
+    alone = Lane("restarting PostgreSQL and Redis", ["tests/system", "-m", "alone"])
+
+    started = time.monotonic()
+    waiting.start(extra, to_log=True)  # first: its longest tests start processes and then wait
+    computing.start(extra, to_log=False)
+    codes = {computing.name: computing.wait()}
+    codes[waiting.name] = waiting.wait()
+    computing.report(codes[computing.name])
+    waiting.report(codes[waiting.name])
+    alone.start(extra, to_log=False)
+    codes[alone.name] = alone.wait()
+    alone.report(codes[alone.name])
+
+    failed = [name for name, code in codes.items() if code != 0]
+    took = time.monotonic() - started
+    print(f"\n=== {'FAILED: ' + ', '.join(failed) if failed else 'all lanes passed'} in {took / 60:.1f} min")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
