@@ -2,11 +2,11 @@
 
 The system tier mostly waits (for leases to expire, workers to start, paced streams, Chromium) and
 the unit and integration tiers mostly compute, so on a small machine they overlap well: one after
-the other they took 14 minutes here, side by side about 10. Each lane has a database and a Redis
-database of its own (the system lane's names are derived from DATABASE_URL and REDIS_URL, or given
-as SYSTEM_DATABASE_URL and SYSTEM_REDIS_URL), so the lanes share no rows, queues, channel groups or
-replay buffers. The tests marked ``alone`` restart PostgreSQL or Redis, which would cut the other
-lane's connections: they run after both lanes, by themselves.
+the other they took 12 to 14 minutes on a two-core machine, side by side 9. Each lane has a
+database and a Redis database of its own (the system lane's names are derived from DATABASE_URL
+and REDIS_URL, or given as SYSTEM_DATABASE_URL and SYSTEM_REDIS_URL), so the lanes share no rows,
+queues, channel groups or replay buffers. The tests marked ``alone`` restart PostgreSQL or Redis,
+which would cut the other lane's connections: they run after both lanes, by themselves.
 
 ``pytest`` alone still runs everything in one process, one test after another.
 
