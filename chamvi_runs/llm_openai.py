@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import json
 import logging
 import queue
 import random
@@ -82,12 +83,15 @@ class OpenAIModel:
         reasoning: list[str] = []
         received = False
         try:
+            # Each chunk is the JSON object the provider sent, read without the client's per-chunk
+            # objects (what most of a stream's CPU went to): the fields are the OpenAI schema's.
             for chunk in _pumped(kwargs, abort):
                 received = True
-                if chunk.usage is not None:
-                    turn.usage = Usage(chunk.usage.prompt_tokens or 0, chunk.usage.completion_tokens or 0)
-                for choice in chunk.choices or []:
-                    delta = choice.delta
+                usage = chunk.get("usage")
+                if usage is not None:
+                    turn.usage = Usage(usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0)
+                for choice in chunk.get("choices") or []:
+                    delta = choice.get("delta")
                     if delta is not None:
                         # A lone surrogate (an escape a provider split from its partner) cannot be
                         # stored or sent on: each is replaced, so deltas still add up to the step.
@@ -95,20 +99,21 @@ class OpenAIModel:
                         if thought:
                             reasoning.append(thought)
                             on_delta("reasoning", thought)
-                        if delta.content:
-                            content = storable(delta.content)
+                        content = delta.get("content")
+                        if content:
+                            content = storable(content)
                             text.append(content)
                             on_delta("text", content)
-                        for tc in delta.tool_calls or []:
-                            function = tc.function
+                        for tc in delta.get("tool_calls") or []:
+                            function = tc.get("function")
                             calls.add(
-                                tc.index,
-                                storable(tc.id),
-                                storable(function.name) if function else None,
-                                storable(function.arguments) if function else None,
+                                tc.get("index"),
+                                storable(tc.get("id")),
+                                storable(function.get("name")) if function else None,
+                                storable(function.get("arguments")) if function else None,
                             )
-                    if choice.finish_reason:
-                        turn.finish_reason = choice.finish_reason
+                    if choice.get("finish_reason"):
+                        turn.finish_reason = choice["finish_reason"]
         except RETRYABLE as exc:
             if not received:
                 raise
@@ -131,28 +136,23 @@ class OpenAIModel:
 _DONE = object()
 
 
-def _pumped(kwargs: dict[str, Any], abort: AbortSignal) -> Iterator[Any]:
+def _pumped(kwargs: dict[str, Any], abort: AbortSignal) -> Iterator[dict[str, Any]]:
     """Yield the stream's chunks, read by a helper thread, so that an abort is noticed within
     ``POLL`` seconds even while the network read blocks (closing a socket from another thread does
     not wake a blocked read). The abandoned reader is closed and ends with its connection."""
     chunks: queue.Queue[Any] = queue.Queue()
-    holder: dict[str, Any] = {}
 
     def pump() -> None:
         try:
-            stream = client().chat.completions.create(**kwargs)
-            holder["stream"] = stream
-            for chunk in stream:
-                chunks.put(chunk)
-                if abort.is_set():
-                    break
+            # The client still makes the request: its errors, statuses, headers and timeouts.
+            with client().chat.completions.with_streaming_response.create(**kwargs) as response:
+                for chunk in _chunks(response):
+                    chunks.put(chunk)
+                    if abort.is_set():
+                        break
             chunks.put(_DONE)
         except BaseException as exc:  # handed to the consuming thread
             chunks.put(exc)
-        finally:
-            stream = holder.get("stream")
-            if stream is not None:
-                stream.close()
 
     if abort.is_set():
         raise Aborted(abort.reason)
@@ -175,9 +175,58 @@ def _pumped(kwargs: dict[str, Any], abort: AbortSignal) -> Iterator[Any]:
         yield item
 
 
-def _reasoning_of(delta: Any) -> str:
+def _chunks(response: Any) -> Iterator[dict[str, Any]]:
+    """The chunks of a streamed Chat Completions response, as the ``openai`` client's own stream
+    reads them: each server-sent event's data is one JSON chunk, ``[DONE]`` ends the stream, and a
+    chunk with an ``error`` is the provider's error (``APIError``). A failed read is a cut
+    connection (``APIConnectionError``), whatever the client's HTTP library called it."""
+    data: list[bytes] = []
+    for line in _lines(response):
+        if line:
+            if line.startswith(b"data:"):
+                value = line[5:]
+                data.append(value[1:] if value.startswith(b" ") else value)
+            continue  # event:, id:, retry: and comments say nothing a Chat Completions stream needs
+        if not data:
+            continue
+        payload = b"\n".join(data)
+        data = []
+        if payload.startswith(b"[DONE]"):
+            return
+        chunk = json.loads(payload)
+        if isinstance(chunk, dict) and chunk.get("error"):
+            error = chunk["error"]
+            message = error.get("message") if isinstance(error, dict) else None
+            raise openai.APIError(
+                message if isinstance(message, str) and message else "An error occurred during streaming",
+                response.http_request,
+                body=error,
+            )
+        yield chunk
+
+
+def _lines(response: Any) -> Iterator[bytes]:
+    """The response's lines without their line ends; an event not ended by a blank line still counts."""
+    rest = b""
+    blocks = response.iter_bytes()
+    while True:
+        try:
+            block = next(blocks)
+        except StopIteration:
+            break
+        except Exception as exc:
+            raise openai.APIConnectionError(request=response.http_request) from exc
+        *lines, rest = (rest + block).split(b"\n")
+        for line in lines:
+            yield line.rstrip(b"\r")
+    if rest:
+        yield rest.rstrip(b"\r")
+    yield b""
+
+
+def _reasoning_of(delta: dict[str, Any]) -> str:
     # Not in the OpenAI schema: DeepSeek and vLLM send ``reasoning_content``, OpenRouter ``reasoning``.
-    thought = getattr(delta, "reasoning_content", None) or getattr(delta, "reasoning", None)
+    thought = delta.get("reasoning_content") or delta.get("reasoning")
     return thought if isinstance(thought, str) else ""
 
 
