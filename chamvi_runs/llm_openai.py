@@ -139,20 +139,21 @@ _DONE = object()
 def _pumped(kwargs: dict[str, Any], abort: AbortSignal) -> Iterator[dict[str, Any]]:
     """Yield the stream's chunks, read by a helper thread, so that an abort is noticed within
     ``POLL`` seconds even while the network read blocks (closing a socket from another thread does
-    not wake a blocked read). The abandoned reader is closed and ends with its connection."""
-    chunks: queue.Queue[Any] = queue.Queue()
+    not wake a blocked read). The abandoned reader is closed and ends with its connection. The
+    chunks of one network read cross between the threads together: one hand-off each."""
+    batches: queue.Queue[Any] = queue.Queue()
 
     def pump() -> None:
         try:
             # The client still makes the request: its errors, statuses, headers and timeouts.
             with client().chat.completions.with_streaming_response.create(**kwargs) as response:
-                for chunk in _chunks(response):
-                    chunks.put(chunk)
+                for batch in _batches(response):
+                    batches.put(batch)
                     if abort.is_set():
                         break
-            chunks.put(_DONE)
+            batches.put(_DONE)
         except BaseException as exc:  # handed to the consuming thread
-            chunks.put(exc)
+            batches.put(exc)
 
     if abort.is_set():
         raise Aborted(abort.reason)
@@ -161,7 +162,7 @@ def _pumped(kwargs: dict[str, Any], abort: AbortSignal) -> Iterator[dict[str, An
     threading.Thread(target=context.run, args=(pump,), name="chamvi-model-stream", daemon=True).start()
     while True:
         try:
-            item = chunks.get(timeout=POLL)
+            item = batches.get(timeout=POLL)
         except queue.Empty:
             if abort.is_set():
                 raise Aborted(abort.reason) from None
@@ -172,41 +173,52 @@ def _pumped(kwargs: dict[str, Any], abort: AbortSignal) -> Iterator[dict[str, An
             return
         if isinstance(item, BaseException):
             raise item
-        yield item
+        yield from item
 
 
-def _chunks(response: Any) -> Iterator[dict[str, Any]]:
-    """The chunks of a streamed Chat Completions response, as the ``openai`` client's own stream
-    reads them: each server-sent event's data is one JSON chunk, ``[DONE]`` ends the stream, and a
-    chunk with an ``error`` is the provider's error (``APIError``). A failed read is a cut
-    connection (``APIConnectionError``), whatever the client's HTTP library called it."""
+def _batches(response: Any) -> Iterator[list[dict[str, Any]]]:
+    """The chunks of a streamed Chat Completions response, those of each network read together, as
+    the ``openai`` client's own stream reads them: each server-sent event's data is one JSON chunk,
+    ``[DONE]`` ends the stream, and a chunk with an ``error`` is the provider's error
+    (``APIError``), raised after the chunks before it. A failed read is a cut connection
+    (``APIConnectionError``), whatever the client's HTTP library called it."""
     data: list[bytes] = []
-    for line in _lines(response):
-        if line:
-            if line.startswith(b"data:"):
-                value = line[5:]
-                data.append(value[1:] if value.startswith(b" ") else value)
-            continue  # event:, id:, retry: and comments say nothing a Chat Completions stream needs
-        if not data:
-            continue
-        payload = b"\n".join(data)
-        data = []
-        if payload.startswith(b"[DONE]"):
-            return
-        chunk = json.loads(payload)
-        if isinstance(chunk, dict) and chunk.get("error"):
-            error = chunk["error"]
-            message = error.get("message") if isinstance(error, dict) else None
-            raise openai.APIError(
-                message if isinstance(message, str) and message else "An error occurred during streaming",
-                response.http_request,
-                body=error,
-            )
-        yield chunk
+    for lines in _reads(response):
+        batch: list[dict[str, Any]] = []
+        for line in lines:
+            if line:
+                if line.startswith(b"data:"):
+                    value = line[5:]
+                    data.append(value[1:] if value.startswith(b" ") else value)
+                continue  # event:, id:, retry: and comments say nothing a Chat Completions stream needs
+            if not data:
+                continue
+            payload = b"\n".join(data)
+            data = []
+            if payload.startswith(b"[DONE]"):
+                if batch:
+                    yield batch
+                return
+            chunk = json.loads(payload)
+            if isinstance(chunk, dict) and chunk.get("error"):
+                if batch:
+                    yield batch
+                raise _streamed_error(chunk["error"], response)
+            batch.append(chunk)
+        if batch:
+            yield batch
 
 
-def _lines(response: Any) -> Iterator[bytes]:
-    """The response's lines without their line ends; an event not ended by a blank line still counts."""
+def _streamed_error(error: Any, response: Any) -> openai.APIError:
+    message = error.get("message") if isinstance(error, dict) else None
+    if not isinstance(message, str) or not message:
+        message = "An error occurred during streaming"
+    return openai.APIError(message, response.http_request, body=error)
+
+
+def _reads(response: Any) -> Iterator[list[bytes]]:
+    """The lines each network read completes, without their line ends; the end of the response
+    ends a last line and a last event (one not ended by a blank line still counts)."""
     rest = b""
     blocks = response.iter_bytes()
     while True:
@@ -217,11 +229,8 @@ def _lines(response: Any) -> Iterator[bytes]:
         except Exception as exc:
             raise openai.APIConnectionError(request=response.http_request) from exc
         *lines, rest = (rest + block).split(b"\n")
-        for line in lines:
-            yield line.rstrip(b"\r")
-    if rest:
-        yield rest.rstrip(b"\r")
-    yield b""
+        yield [line.rstrip(b"\r") for line in lines]
+    yield [rest.rstrip(b"\r"), b""] if rest else [b""]
 
 
 def _reasoning_of(delta: dict[str, Any]) -> str:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from chamvi_runs.llm_openai import _chunks
+from chamvi_runs.llm_openai import _batches
 
 
 class Request:
@@ -37,6 +37,10 @@ def stream(*chunks: dict) -> bytes:
     )
 
 
+def chunks(response: Response) -> list[dict]:
+    return [chunk for batch in _batches(response) for chunk in batch]
+
+
 def pieces(data: bytes, size: int) -> list[bytes]:
     return [data[n : n + size] for n in range(0, len(data), size)]
 
@@ -54,7 +58,7 @@ CHUNKS = [
 
 @pytest.mark.parametrize("size", [1, 2, 7, 10_000])
 def test_chunks_cut_anywhere_by_the_network_read_whole(size):
-    assert list(_chunks(Response(*pieces(stream(*CHUNKS), size)))) == CHUNKS
+    assert chunks(Response(*pieces(stream(*CHUNKS), size))) == CHUNKS
 
 
 def test_what_providers_add_around_the_data_is_skipped():
@@ -65,31 +69,37 @@ def test_what_providers_add_around_the_data_is_skipped():
         b"data: [DONE]\n\n"
         b"data: " + json.dumps(CHUNKS[1]).encode() + b"\n\n"  # nothing after [DONE] is read
     )
-    assert list(_chunks(Response(body))) == [CHUNKS[0]]
+    assert chunks(Response(body)) == [CHUNKS[0]]
 
 
 def test_a_last_event_without_its_blank_line_still_counts():
     body = b"data: " + json.dumps(CHUNKS[0]).encode()
-    assert list(_chunks(Response(body))) == [CHUNKS[0]]
+    assert chunks(Response(body)) == [CHUNKS[0]]
 
 
 def test_an_event_over_several_data_lines_is_one_chunk():
     body = b'data: {"choices":\ndata: []}\n\n'
-    assert list(_chunks(Response(body))) == [{"choices": []}]
+    assert chunks(Response(body)) == [{"choices": []}]
 
 
 def test_a_chunk_with_an_error_is_the_providers_error():
     body = stream(CHUNKS[0]).replace(b"data: [DONE]", b'data: {"error": {"message": "overloaded"}}')
-    read = _chunks(Response(body))
-    assert next(read) == CHUNKS[0]
+    read = _batches(Response(body))
+    assert next(read) == [CHUNKS[0]]  # the chunks before the error or the cut first
     with pytest.raises(openai.APIError, match="overloaded") as raised:
         next(read)
     assert raised.value.body == {"message": "overloaded"} and raised.value.request is REQUEST
 
 
 def test_a_failed_read_is_a_cut_connection_whatever_the_http_library_raised():
-    read = _chunks(Response(stream(CHUNKS[0])[:-10], fail=OSError("peer closed connection")))
-    assert next(read) == CHUNKS[0]
+    read = _batches(Response(stream(CHUNKS[0])[:-10], fail=OSError("peer closed connection")))
+    assert next(read) == [CHUNKS[0]]  # the chunks before the error or the cut first
     with pytest.raises(openai.APIConnectionError) as raised:
         next(read)
     assert isinstance(raised.value.__cause__, OSError)
+
+
+def test_the_chunks_of_one_network_read_cross_to_the_execution_together():
+    whole = stream(*CHUNKS)
+    cut = whole.index(b"\n\n", whole.index(b"\n\n") + 2) + 2  # after the second event
+    assert list(_batches(Response(whole[:cut], whole[cut:]))) == [CHUNKS[:2], CHUNKS[2:]]
