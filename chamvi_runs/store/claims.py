@@ -14,6 +14,7 @@ from ..core.records import Claim
 from ..core.states import CLAIMABLE, Status
 from ..core.types import NO_USAGE, Usage
 from ..models import Run, RunInput
+from . import step_sql
 from .fence import effect_lock, held, in_seconds, to, update_held, waits_for_elder
 from .queries import pending_inputs
 
@@ -92,6 +93,8 @@ def renew(claim: Claim, lease_seconds: float, *, usage: Usage = NO_USAGE) -> boo
     """Extend the lease, adding ``usage`` of a model call not saved yet (it counts against the
     budget even if this execution dies before saving it). False: the claim is lost (someone else
     holds the run, or it settled)."""
+    if step_sql.applies():
+        return step_sql.renew(claim, lease_seconds, usage)
     extra: dict[str, Any] = {}
     if usage.total:
         extra.update(

@@ -20,6 +20,7 @@ from ..core.storable import storable
 from ..core.types import Message
 from ..errors import HistoryUnavailable
 from ..models import Checkpoint, Step
+from . import step_sql
 
 # Up to this many messages, a history is short: written whole at every save, it is one row of a few
 # KB, and ``Checkpoint.messages`` is always current (past it, only when no execution is under way).
@@ -82,7 +83,10 @@ def move_checkpoint(
         fields.update(messages=storable(messages), whole_step=step_index, whole_length=len(messages))
     if opening_length is not None:
         fields["opening_length"] = opening_length
-    if Checkpoint.objects.filter(run_id=run_id, step_index__lte=step_index).update(**fields):
+    if step_sql.applies():
+        if step_sql.move_checkpoint(run_id, step_index, fields):
+            return
+    elif Checkpoint.objects.filter(run_id=run_id, step_index__lte=step_index).update(**fields):
         return
     if not whole:
         raise AssertionError(f"run {run_id}: the first save of a history writes it whole")

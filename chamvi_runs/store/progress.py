@@ -19,7 +19,7 @@ from ..core.states import TERMINAL, Status
 from ..core.storable import storable
 from ..core.types import NO_USAGE, Message, Usage
 from ..models import Checkpoint, Step, WaitPoint
-from . import histories
+from . import histories, step_sql
 from .fence import db_now_plus, to, update_held
 from .queries import waiting_inputs
 
@@ -33,23 +33,26 @@ class _Refused(Exception):
 def _write_steps(claim: Claim, steps: Iterable[StepRecord], added: list[list[Message] | int]) -> None:
     now = timezone.now()
     rows = [
-        Step(
-            run_id=claim.run_id,
-            index=s.index,
-            kind=s.kind,
-            name=storable(s.name),
-            input=storable(s.input),
-            output=storable(s.output),
-            error=storable(s.error),
-            messages=storable(messages),
-            attempt=claim.attempt,
-            started_at=s.started_at or now,
-            finished_at=s.finished_at or now,
-        )
+        {
+            "run_id": claim.run_id,
+            "index": s.index,
+            "kind": s.kind,
+            "name": storable(s.name),
+            "input": storable(s.input),
+            "output": storable(s.output),
+            "error": storable(s.error),
+            "messages": storable(messages),
+            "attempt": claim.attempt,
+            "started_at": s.started_at or now,
+            "finished_at": s.finished_at or now,
+        }
         for s, messages in zip(steps, added, strict=True)
     ]
     try:
-        Step.objects.bulk_create(rows)
+        if step_sql.applies():
+            step_sql.insert_steps(rows)
+        else:
+            Step.objects.bulk_create([Step(**row) for row in rows])
     except IntegrityError:
         # A step index is recorded once; a duplicate means another execution got there first.
         raise _Refused from None
@@ -74,15 +77,19 @@ def _record(
     None: the caller does not say what is stored, and the whole history is written. Returns that
     index; raises _Refused when the fence (or, with ``unless_cancelled``, a requested cancel)
     refuses."""
-    if not update_held(
-        claim,
-        unless_cancelled=unless_cancelled,
-        input_tokens=F("input_tokens") + usage.input_tokens,
-        output_tokens=F("output_tokens") + usage.output_tokens,
-        stalled_executions=0,
-        updated_at=Now(),
-        **run_fields,
-    ):
+    if not run_fields and step_sql.applies():
+        held = step_sql.add_usage(claim, usage, unless_cancelled=unless_cancelled)
+    else:
+        held = update_held(
+            claim,
+            unless_cancelled=unless_cancelled,
+            input_tokens=F("input_tokens") + usage.input_tokens,
+            output_tokens=F("output_tokens") + usage.output_tokens,
+            stalled_executions=0,
+            updated_at=Now(),
+            **run_fields,
+        )
+    if not held:
         raise _Refused
     if stored is None:
         length = Checkpoint.objects.filter(run_id=claim.run_id).values_list("length", flat=True).first()
