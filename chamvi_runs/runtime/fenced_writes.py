@@ -110,7 +110,8 @@ class FencedWrites:
         """After the settle's commit: its announcement, and the end of the execution."""
         if self.lease is not None:
             self.lease.stop()  # nothing is left to renew or cancel
-        announce_settled(self.claim.run_id, self.broadcaster)
+        # A run settled by its first execution never waited: its run.end has no decisions to read.
+        announce_settled(self.claim.run_id, self.broadcaster, waited=self.claim.resumed)
         return Settled(status)
 
     def back_to_waiting(self) -> Ending:

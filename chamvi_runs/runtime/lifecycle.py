@@ -12,11 +12,13 @@ from ..streaming.broadcast import ChannelsBroadcaster
 from ..streaming.serializers import run_end_event
 
 
-def announce_settled(run_id: str, broadcaster: Broadcaster | None = None) -> Run:
+def announce_settled(run_id: str, broadcaster: Broadcaster | None = None, *, waited: bool = True) -> Run:
+    """``waited`` False: the run never had a wait point (it settled in its first execution), so
+    its ``run.end`` has no decisions, and the query for them is spared."""
     run = store.run(run_id)
     broadcaster = broadcaster or ChannelsBroadcaster(run.thread, run.scope)
     if run.status in TERMINAL:
-        broadcaster.publish(run.pk, run_end_event(run))
+        broadcaster.publish(run.pk, run_end_event(run, waited=waited))
     broadcaster.flush()
     signals.run_settled.send(Run, run=run)
     if run.status == Status.INTERRUPTED:

@@ -236,9 +236,10 @@ def start_lineage(run: Run) -> dict[str, Any]:
     }
 
 
-def run_end_event(run: Run) -> events.Event:
+def run_end_event(run: Run, *, waited: bool = True) -> events.Event:
     """The ``run.end`` event of a settled run: its final state and the receipt of inputs it took.
-    It reaches every viewer of the run, so its error is the one non-staff viewers see."""
+    It reaches every viewer of the run, so its error is the one non-staff viewers see. ``waited``
+    False: the caller knows the run never waited, so it has no decisions to read."""
     return events.run_end(
         status=run.status,
         output=run.output,
@@ -246,5 +247,5 @@ def run_end_event(run: Run) -> events.Event:
         usage={"input_tokens": run.input_tokens, "output_tokens": run.output_tokens},
         inputs=list(run.inputs.exclude(consumed_step=None).values_list("id", flat=True)),
         # A cancel closes an open approval without a run.resume: the page learns it here.
-        decisions=decisions_json(run),
+        decisions=decisions_json(run) if waited else [],
     )

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from chamvi_runs import start_run
-from chamvi_runs.models import Checkpoint, Step
+from chamvi_runs.models import Checkpoint, Step, WaitPoint
 from tests.support.helpers import events, execute, first_user_block
 from tests.support.scripted_server import Reply, finish, reasoning, text, tool_call, usage
 
@@ -73,3 +75,15 @@ def test_tool_call_then_final_answer(server):
     assert second[-2]["tool_calls"][0]["id"] == "call_1"
     assert second[-1] == {"role": "tool", "tool_call_id": "call_1", "content": "5"}
     assert (run.input_tokens, run.output_tokens, run.model_calls) == (12, 7, 2)
+
+
+def test_a_run_settled_by_its_first_execution_reads_no_wait_points(server):
+    # Wait points are opened by an execution that then ends waiting: the first execution of a run
+    # that settles found none, and its run.end needs no query for decisions.
+    server.script("m-basic", [Reply(text("Hi"), finish("stop"), usage(1, 1))])
+    run = start_run("basic", "go")
+    with CaptureQueriesContext(connection) as queries:
+        run = execute(run)
+    assert run.status == "completed"
+    assert not [q["sql"] for q in queries if WaitPoint._meta.db_table in q["sql"]]
+    assert events(run)[-1]["decisions"] == []

@@ -112,7 +112,9 @@ def harness(monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
     monkeypatch.setattr(model_step, "model", lambda: model)
     monkeypatch.setattr(engine, "ChannelsBroadcaster", lambda thread=None, scope="": h.broadcaster)
     monkeypatch.setattr(
-        fenced_writes, "announce_settled", lambda run_id, broadcaster=None: h.settled.append(run_id)
+        fenced_writes,
+        "announce_settled",
+        lambda run_id, broadcaster=None, waited=True: h.settled.append(run_id),
     )
     monkeypatch.setattr(
         fenced_writes, "notify", lambda agent, run, waitpoint, **_: h.notified.append(waitpoint)
