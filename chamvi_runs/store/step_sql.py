@@ -30,58 +30,43 @@ def _json(value: Any) -> Any:
     return None if value is None else connection.ops.adapt_json_value(value, None)
 
 
-_HELD_USAGE = """
-UPDATE {run} SET input_tokens = input_tokens + %s, output_tokens = output_tokens + %s,
-    stalled_executions = 0, updated_at = STATEMENT_TIMESTAMP()
-WHERE id = %s AND status = %s AND claim_owner = %s AND attempt = %s{unless_cancelled}
-"""
-
-
-def add_usage(claim: Claim, usage: Usage, *, unless_cancelled: bool) -> bool:
-    """``fence.update_held`` of a save that changes nothing but the usage. False: the claim is lost
-    (or, with ``unless_cancelled``, a cancel was requested); nothing was written."""
-    sql = _HELD_USAGE.format(
-        run=Run._meta.db_table, unless_cancelled=" AND NOT cancel_requested" if unless_cancelled else ""
+def _update_held(
+    claim: Claim, assignments: str, params: list[Any], *, unless_cancelled: bool = False
+) -> bool:
+    """``fence.update_held`` as SQL: the run row updated only while ``claim`` holds it (running,
+    same owner, same attempt) and, with ``unless_cancelled``, no cancel was requested."""
+    sql = (
+        f"UPDATE {Run._meta.db_table} SET {assignments}"
+        " WHERE id = %s AND status = %s AND claim_owner = %s AND attempt = %s"
     )
+    if unless_cancelled:
+        sql += " AND NOT cancel_requested"
     with connection.cursor() as cursor:
-        cursor.execute(
-            sql,
-            [
-                usage.input_tokens,
-                usage.output_tokens,
-                claim.run_id,
-                Status.RUNNING.value,
-                claim.owner,
-                claim.attempt,
-            ],
-        )
+        cursor.execute(sql, [*params, claim.run_id, Status.RUNNING.value, claim.owner, claim.attempt])
         return bool(cursor.rowcount > 0)
 
 
-_RENEW = """
-UPDATE {run} SET claim_expires_at = STATEMENT_TIMESTAMP() + make_interval(secs => %s),
-    input_tokens = input_tokens + %s, output_tokens = output_tokens + %s
-WHERE id = %s AND status = %s AND claim_owner = %s AND attempt = %s
-"""
+def add_usage(claim: Claim, usage: Usage, *, unless_cancelled: bool) -> bool:
+    """The fenced update of a save that changes nothing but the usage. False: the claim is lost (or,
+    with ``unless_cancelled``, a cancel was requested); nothing was written."""
+    return _update_held(
+        claim,
+        "input_tokens = input_tokens + %s, output_tokens = output_tokens + %s,"
+        " stalled_executions = 0, updated_at = STATEMENT_TIMESTAMP()",
+        [usage.input_tokens, usage.output_tokens],
+        unless_cancelled=unless_cancelled,
+    )
 
 
 def renew(claim: Claim, lease_seconds: float, usage: Usage) -> bool:
     """``claims.renew``: the lease extended by the database's clock, with the usage of a model call
     whose step is not saved yet (before its tools run). False: the claim is lost."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _RENEW.format(run=Run._meta.db_table),
-            [
-                float(lease_seconds),
-                usage.input_tokens,
-                usage.output_tokens,
-                claim.run_id,
-                Status.RUNNING.value,
-                claim.owner,
-                claim.attempt,
-            ],
-        )
-        return bool(cursor.rowcount > 0)
+    return _update_held(
+        claim,
+        "claim_expires_at = STATEMENT_TIMESTAMP() + make_interval(secs => %s),"
+        " input_tokens = input_tokens + %s, output_tokens = output_tokens + %s",
+        [float(lease_seconds), usage.input_tokens, usage.output_tokens],
+    )
 
 
 # The Step columns a save writes (tests/unit/test_step_sql.py: every column without a default).
