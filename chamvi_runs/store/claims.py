@@ -4,29 +4,114 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from datetime import datetime
+from typing import Any, NamedTuple
 
 from django.db import connection, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Coalesce, Now
 
 from ..core.records import Claim
-from ..core.states import CLAIMABLE, Status
+from ..core.states import CLAIMABLE, Status, sources_of
 from ..core.types import NO_USAGE, Usage
 from ..models import Run, RunInput
 from . import step_sql
-from .fence import effect_lock, held, in_seconds, to, update_held, waits_for_elder
+from .fence import effect_lock, held, in_seconds, update_held, waits_for_elder
 from .queries import pending_inputs
 
 
-def _blocked(run: Run) -> bool:
-    if not run.concurrency_key and not run.thread:
+def _blocked(run_id: str, concurrency_key: str | None, thread: str | None) -> bool:
+    if not concurrency_key and not thread:
         return False
     return (
-        Run.objects.filter(pk=run.pk)
+        Run.objects.filter(pk=run_id)
         .filter(waits_for_elder("concurrency_key") | waits_for_elder("thread"))
         .exists()
     )
+
+
+class _Free(NamedTuple):
+    """What a claim reads of a run no live claim holds."""
+
+    status: str
+    concurrency_key: str | None
+    thread: str | None
+    started_at: datetime | None
+    attempt: int
+    stalled_executions: int
+    cancel_requested: bool
+    claim_owner: str | None
+
+
+# A claim's two statements on PostgreSQL, as the ORM builds them elsewhere: the run is free when no
+# claim names it or its lease ran out by the database's clock.
+_FREE = """
+SELECT status, concurrency_key, thread, started_at, attempt, stalled_executions, cancel_requested,
+    claim_owner
+FROM {run}
+WHERE id = %s AND status = ANY(%s) AND (claim_owner IS NULL OR claim_expires_at < STATEMENT_TIMESTAMP())
+FOR UPDATE SKIP LOCKED
+"""
+_TAKE = """
+UPDATE {run} SET status = %s, claim_owner = %s,
+    claim_expires_at = STATEMENT_TIMESTAMP() + make_interval(secs => %s),
+    attempt = attempt + 1, stalled_executions = stalled_executions + 1,
+    started_at = COALESCE(started_at, STATEMENT_TIMESTAMP()), updated_at = STATEMENT_TIMESTAMP()
+WHERE id = %s AND status = %s AND status = ANY(%s)
+    AND (claim_owner IS NULL OR claim_expires_at < STATEMENT_TIMESTAMP())
+"""
+
+
+def _free_row(run_id: str) -> _Free | None:
+    """Inside the claim's transaction: the run, locked, if it is claimable and free; None when it
+    is not, or another claimer holds its row (SKIP LOCKED)."""
+    claimable = [s.value for s in CLAIMABLE]
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(_FREE.format(run=Run._meta.db_table), [run_id, claimable])
+            row = cursor.fetchone()
+        return None if row is None else _Free(*row)
+    free = Q(claim_owner__isnull=True) | Q(claim_expires_at__lt=Now())
+    row = (
+        Run.objects.select_for_update(skip_locked=True)
+        .filter(free, pk=run_id, status__in=claimable)
+        .values_list(*_Free._fields)
+        .first()
+    )
+    return None if row is None else _Free(*row)
+
+
+def _take(run_id: str, status: str, owner: str, lease_seconds: float) -> bool:
+    """The claim's write, from ``status`` (the locked row's): a running run keeps its status (no
+    transition); any other becomes running, as the table allows."""
+    legal = [Status.RUNNING] if status == Status.RUNNING else sources_of(Status.RUNNING)
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _TAKE.format(run=Run._meta.db_table),
+                [
+                    Status.RUNNING.value,
+                    owner,
+                    float(lease_seconds),
+                    run_id,
+                    status,
+                    [s.value for s in legal],
+                ],
+            )
+            return bool(cursor.rowcount > 0)
+    free = Q(claim_owner__isnull=True) | Q(claim_expires_at__lt=Now())
+    updated = Run.objects.filter(free, pk=run_id, status=status, status__in=[s.value for s in legal]).update(
+        status=Status.RUNNING,
+        claim_owner=owner,
+        claim_expires_at=in_seconds(lease_seconds),
+        attempt=F("attempt") + 1,
+        # Counted now, reset by the execution's first write: an execution that dies
+        # before writing anything (its tool killed the worker) stays counted.
+        stalled_executions=F("stalled_executions") + 1,
+        started_at=Coalesce(F("started_at"), Now()),
+        updated_at=Now(),
+    )
+    return bool(updated)
 
 
 def claim(run_id: str, owner: str, lease_seconds: float) -> Claim | None:
@@ -34,28 +119,10 @@ def claim(run_id: str, owner: str, lease_seconds: float) -> Claim | None:
     by a concurrent claimer, blocked by its concurrency key or thread, or (PostgreSQL) an effect
     tool of an earlier execution is still inside its transaction (``fence.effect_lock``)."""
     with transaction.atomic():
-        free = Q(claim_owner__isnull=True) | Q(claim_expires_at__lt=Now())
-        run = (
-            Run.objects.select_for_update(skip_locked=True)
-            .filter(free, pk=run_id, status__in=[s.value for s in CLAIMABLE])
-            .only(
-                "id",
-                "status",
-                "scope",
-                "concurrency_key",
-                "thread",
-                "created_at",
-                "started_at",
-                "attempt",
-                "stalled_executions",
-                "cancel_requested",
-                "claim_owner",
-            )
-            .first()
-        )
+        run = _free_row(run_id)
         if run is None:
             return None
-        if run.status == Status.QUEUED and _blocked(run):
+        if run.status == Status.QUEUED and _blocked(run_id, run.concurrency_key, run.thread):
             return None
         # Only an execution that holds a claim runs an effect tool, and only its holder releases a
         # claim: a run no claim names has none in flight. Taking over an expired one, the lock is
@@ -63,21 +130,7 @@ def claim(run_id: str, owner: str, lease_seconds: float) -> Claim | None:
         # meanwhile waits for it and then finds its own claim gone.
         if run.claim_owner is not None and not effect_lock(run_id, wait=False):
             return None
-        # A running run keeps its status (no transition); any other becomes running, as the
-        # table allows.
-        legal = Q() if run.status == Status.RUNNING else to(Status.RUNNING)
-        updated = Run.objects.filter(free, legal, pk=run_id, status=run.status).update(
-            status=Status.RUNNING,
-            claim_owner=owner,
-            claim_expires_at=in_seconds(lease_seconds),
-            attempt=F("attempt") + 1,
-            # Counted now, reset by the execution's first write: an execution that dies
-            # before writing anything (its tool killed the worker) stays counted.
-            stalled_executions=F("stalled_executions") + 1,
-            started_at=Coalesce(F("started_at"), Now()),
-            updated_at=Now(),
-        )
-        if not updated:
+        if not _take(run_id, run.status, owner, lease_seconds):
             return None
         return Claim(
             run_id,
