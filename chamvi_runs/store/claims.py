@@ -43,8 +43,10 @@ class _Free(NamedTuple):
     claim_owner: str | None
 
 
-# A claim's two statements on PostgreSQL, as the ORM builds them elsewhere: the run is free when no
-# claim names it or its lease ran out by the database's clock.
+# A claim's two statements on PostgreSQL, as the ORM builds them on other databases: the run is
+# free when no claim names it or its lease ran out by the database's clock. The take counts a
+# stalled execution now, reset by the execution's first write: an execution that dies before
+# writing anything (its tool killed the worker) stays counted.
 _FREE = """
 SELECT status, concurrency_key, thread, started_at, attempt, stalled_executions, cancel_requested,
     claim_owner
@@ -62,6 +64,10 @@ WHERE id = %s AND status = %s AND status = ANY(%s)
 """
 
 
+def _free() -> Q:
+    return Q(claim_owner__isnull=True) | Q(claim_expires_at__lt=Now())
+
+
 def _free_row(run_id: str) -> _Free | None:
     """Inside the claim's transaction: the run, locked, if it is claimable and free; None when it
     is not, or another claimer holds its row (SKIP LOCKED)."""
@@ -71,10 +77,9 @@ def _free_row(run_id: str) -> _Free | None:
             cursor.execute(_FREE.format(run=Run._meta.db_table), [run_id, claimable])
             row = cursor.fetchone()
         return None if row is None else _Free(*row)
-    free = Q(claim_owner__isnull=True) | Q(claim_expires_at__lt=Now())
     row = (
         Run.objects.select_for_update(skip_locked=True)
-        .filter(free, pk=run_id, status__in=claimable)
+        .filter(_free(), pk=run_id, status__in=claimable)
         .values_list(*_Free._fields)
         .first()
     )
@@ -99,14 +104,12 @@ def _take(run_id: str, status: str, owner: str, lease_seconds: float) -> bool:
                 ],
             )
             return bool(cursor.rowcount > 0)
-    free = Q(claim_owner__isnull=True) | Q(claim_expires_at__lt=Now())
-    updated = Run.objects.filter(free, pk=run_id, status=status, status__in=[s.value for s in legal]).update(
+    rows = Run.objects.filter(_free(), pk=run_id, status=status, status__in=[s.value for s in legal])
+    updated = rows.update(
         status=Status.RUNNING,
         claim_owner=owner,
         claim_expires_at=in_seconds(lease_seconds),
         attempt=F("attempt") + 1,
-        # Counted now, reset by the execution's first write: an execution that dies
-        # before writing anything (its tool killed the worker) stays counted.
         stalled_executions=F("stalled_executions") + 1,
         started_at=Coalesce(F("started_at"), Now()),
         updated_at=Now(),
