@@ -54,6 +54,18 @@ class Store(Protocol):
         stored: Stored | None = ...,
     ) -> bool: ...
 
+    def save_step_and_count(
+        self,
+        claim: Claim,
+        steps: list[StepRecord],
+        messages: list[Message],
+        *,
+        finish_reason: str = ...,
+        usage: Usage = ...,
+        consumed_inputs: Iterable[str] = ...,
+        stored: Stored | None = ...,
+    ) -> list[Any] | None: ...
+
     def save_and_settle(
         self,
         claim: Claim,
@@ -69,7 +81,7 @@ class Store(Protocol):
         error_message: str = ...,
         unless_input: bool = ...,
         stored: Stored | None = ...,
-    ) -> bool | None: ...
+    ) -> Any: ...
 
     def open_wait(
         self,
@@ -94,6 +106,7 @@ class Store(Protocol):
         error_code: str = ...,
         error_message: str = ...,
         close_history: str | None = ...,
+        uncount_call: bool = ...,
     ) -> bool: ...
 
     # --- reads of an execution ---

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -25,6 +25,9 @@ class Claim:
     stalled: int = 0
     """Executions before this one, in a row, that ended without writing anything (they died)."""
     cancel_requested: bool = False
+    row: Any = field(default=None, compare=False, repr=False)
+    """The run as the claim left it, when the claim's write returned it (PostgreSQL): the
+    execution needs no read of its own."""
 
 
 @dataclass(frozen=True)

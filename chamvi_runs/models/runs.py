@@ -81,6 +81,10 @@ class Run(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
+    # In memory only: the ids of the steering inputs the run took, when the write that settled it
+    # returned them (``store.save_and_settle``), so its ``run.end`` reads nothing after the commit.
+    receipt: list[str] | None = None
+
     class Meta:
         ordering = ["-created_at"]
         permissions = [("cancel_run", "Can cancel a run")]

@@ -70,7 +70,7 @@ class Execution:
         self.db = db
         self.abort = AbortSignal()
         self.shutdown = shutdown
-        self.run_row: Run = db.run(claim.run_id)
+        self.run_row: Run = claim.row if claim.row is not None else db.run(claim.run_id)
         self.broadcaster: Broadcaster = ChannelsBroadcaster(self.run_row.thread, self.run_row.scope)
         self.writes = FencedWrites(claim, db, self.broadcaster, self.emit)
         self.steps = ModelSteps(claim, self.run_row, self.abort, db, self.writes, self.emit)

@@ -49,6 +49,9 @@ class FencedWrites:
         self.stored_length = 0
         self.saved_once = False
         self.opening: Opening | None = None
+        self.counted: list[Any] | None = None
+        """The inputs of the next model call when the last save counted it (``save_and_count``);
+        None when that call is not counted yet."""
 
     def opens(self, messages: list[Message], opening: Opening | None) -> None:
         """Where the execution starts (``start_point``): the history it loads is stored, or before
@@ -72,6 +75,9 @@ class FencedWrites:
     def start_model_call(self) -> list[Any] | Ending:
         """Counted before it is made: a call whose execution dies unsaved still uses the budget.
         Returns the steering inputs the call takes."""
+        counted, self.counted = self.counted, None
+        if counted is not None:
+            return counted
         inputs = self.db.start_model_call(self.claim)
         return lost(self.claim, "claim lost before a model call") if inputs is None else inputs
 
@@ -88,6 +94,8 @@ class FencedWrites:
         code, message = decision.error or ("", "")
         crash_point("before_settle")
         status = decision.status
+        # A call the last save counted is not made now: the settle takes it back.
+        uncount = self.counted is not None
         settled = self.db.settle(
             self.claim,
             status,
@@ -95,23 +103,26 @@ class FencedWrites:
             error_code=code,
             error_message=message,
             close_history=decision.close,
+            uncount_call=uncount,
         )
         if not settled and status not in TERMINAL:
             # Refused: a requested cancel wins over ``interrupted`` (or the claim is lost, and the
             # cancel is refused too).
             instead = decisions.on_refused_wait()
             status = instead.status
-            settled = self.db.settle(self.claim, status, close_history=instead.close)
+            settled = self.db.settle(self.claim, status, close_history=instead.close, uncount_call=uncount)
         if not settled:
             return lost(self.claim, "claim lost before settling")
+        self.counted = None
         return self.announce(status)
 
-    def announce(self, status: Status) -> Settled:
-        """After the settle's commit: its announcement, and the end of the execution."""
+    def announce(self, status: Status, run: Run | None = None) -> Settled:
+        """After the settle's commit: its announcement, and the end of the execution. ``run``: the
+        run as the settle left it, when the settle returned it."""
         if self.lease is not None:
             self.lease.stop()  # nothing is left to renew or cancel
         # A run settled by its first execution never waited: its run.end has no decisions to read.
-        announce_settled(self.claim.run_id, self.broadcaster, waited=self.claim.resumed)
+        announce_settled(self.claim.run_id, self.broadcaster, waited=self.claim.resumed, run=run)
         return Settled(status)
 
     def back_to_waiting(self) -> Ending:
@@ -141,6 +152,27 @@ class FencedWrites:
             stored=self.stored(),
         ):
             return lost(self.claim, "claim lost before saving steps")
+        self.saved(messages)
+        signals.step_saved.send(Run, run_id=self.claim.run_id, steps=steps)
+        return None
+
+    def save_and_count(
+        self, steps: list[StepRecord], messages: list[Message], *, inputs: Sequence[str]
+    ) -> Ending | None:
+        """``save`` of a model call's tools, when the execution makes its next call right after:
+        that call is counted in the same transaction, one write and one commit fewer per call. The
+        inputs waiting for it are kept for it (``start_model_call``)."""
+        waiting = self.db.save_step_and_count(
+            self.claim,
+            steps,
+            messages,
+            finish_reason=_finish_reason(steps),
+            consumed_inputs=inputs,
+            stored=self.stored(),
+        )
+        if waiting is None:
+            return lost(self.claim, "claim lost before saving steps")
+        self.counted = waiting
         self.saved(messages)
         signals.step_saved.send(Run, run_id=self.claim.run_id, steps=steps)
         return None
@@ -219,7 +251,9 @@ class FencedWrites:
             return lost(self.claim, "claim lost before saving steps")
         self.saved(messages)
         signals.step_saved.send(Run, run_id=self.claim.run_id, steps=steps)
-        return self.announce(decision.status) if settled else None
+        if settled is False:
+            return None
+        return self.announce(decision.status, settled if isinstance(settled, Run) else None)
 
 
 def _finish_reason(steps: list[StepRecord]) -> str:

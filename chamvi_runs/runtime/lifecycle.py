@@ -12,10 +12,13 @@ from ..streaming.broadcast import ChannelsBroadcaster
 from ..streaming.serializers import run_end_event
 
 
-def announce_settled(run_id: str, broadcaster: Broadcaster | None = None, *, waited: bool = True) -> Run:
+def announce_settled(
+    run_id: str, broadcaster: Broadcaster | None = None, *, waited: bool = True, run: Run | None = None
+) -> Run:
     """``waited`` False: the run never had a wait point (it settled in its first execution), so
-    its ``run.end`` has no decisions, and the query for them is spared."""
-    run = store.run(run_id)
+    its ``run.end`` has no decisions, and the query for them is spared. ``run``: the run as its
+    settle left it, when the settle returned it (it is read otherwise)."""
+    run = run if run is not None else store.run(run_id)
     broadcaster = broadcaster or ChannelsBroadcaster(run.thread, run.scope)
     if run.status in TERMINAL:
         broadcaster.publish(run.pk, run_end_event(run, waited=waited))

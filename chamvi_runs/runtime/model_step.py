@@ -67,14 +67,17 @@ class ModelSteps:
     def take(
         self, agent: Agent, ctx: RunContext, calls: ToolCalls, messages: list[Message], index: int
     ) -> Position | Ending:
-        gate = decisions.budget_gate(agent.budget, self.model_calls, self.tokens)
+        # A call the last save counted passed the budgets before it was counted.
+        counted = self.writes.counted is not None
+        gate = None if counted else decisions.budget_gate(agent.budget, self.model_calls, self.tokens)
         ending = self.writes.stop_if_aborted(self.abort) or self.writes.carry_out(gate)
         if ending is not None:
             return ending
         inputs = self.writes.start_model_call()
         if isinstance(inputs, Ending):
             return inputs
-        self.model_calls += 1
+        if not counted:
+            self.model_calls += 1
         for item in inputs:
             messages.append(input_message(item.payload))
             # Shown where the model takes it: before the call of step ``index``. An aborted call
@@ -181,12 +184,19 @@ class ModelSteps:
         answered = calls.answer(parts, messages, [llm], llm_index=llm.index)
         if answered.waits:
             return self.writes.open_wait(agent, answered, usage=NO_USAGE, inputs=inputs)
-        ending = self.writes.save(answered.steps, answered.messages, inputs=inputs)
-        if ending is not None:
-            return ending
         self.invalid_streak = decisions.invalid_streak(self.invalid_streak, answered.steps)
         gate = decisions.streak_gate(self.invalid_streak, conf.MAX_INVALID_TOOL_CALLS)
-        ending = self.writes.carry_out(gate)
+        budget = decisions.budget_gate(agent.budget, self.model_calls, self.tokens)
+        if gate is None and budget is None and not self.abort.is_set():
+            # The next call follows at once: it is counted with this save.
+            ending = self.writes.save_and_count(answered.steps, answered.messages, inputs=inputs)
+            if ending is not None:
+                return ending
+            self.model_calls += 1
+            return answered.messages, answered.steps[-1].index + 1
+        ending = self.writes.save(answered.steps, answered.messages, inputs=inputs) or self.writes.carry_out(
+            gate
+        )
         return ending if ending is not None else (answered.messages, answered.steps[-1].index + 1)
 
     def fail(self, turn: ModelTurn, llm: StepRecord, messages: list[Message], inputs: list[str]) -> Ending:

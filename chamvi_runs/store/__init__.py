@@ -48,7 +48,15 @@ from .notifying import (
     reissue_token,
     take_notification,
 )
-from .progress import CLOSED_AT_END, back_to_waiting, open_wait, save_and_settle, save_step, settle
+from .progress import (
+    CLOSED_AT_END,
+    back_to_waiting,
+    open_wait,
+    save_and_settle,
+    save_step,
+    save_step_and_count,
+    settle,
+)
 from .pruning import PruneRefused, PruneReport, Retention, prune
 from .queries import (
     cancels_among,
@@ -104,6 +112,7 @@ __all__ = [
     "run",
     "save_and_settle",
     "save_step",
+    "save_step_and_count",
     "settle",
     "start_model_call",
     "take_notification",

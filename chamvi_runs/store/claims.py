@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -61,6 +60,7 @@ UPDATE {run} SET status = %s, claim_owner = %s,
     started_at = COALESCE(started_at, STATEMENT_TIMESTAMP()), updated_at = STATEMENT_TIMESTAMP()
 WHERE id = %s AND status = %s AND status = ANY(%s)
     AND (claim_owner IS NULL OR claim_expires_at < STATEMENT_TIMESTAMP())
+RETURNING {columns}
 """
 
 
@@ -86,14 +86,15 @@ def _free_row(run_id: str) -> _Free | None:
     return None if row is None else _Free(*row)
 
 
-def _take(run_id: str, status: str, owner: str, lease_seconds: float) -> bool:
+def _take(run_id: str, status: str, owner: str, lease_seconds: float) -> Run | bool:
     """The claim's write, from ``status`` (the locked row's): a running run keeps its status (no
-    transition); any other becomes running, as the table allows."""
+    transition); any other becomes running, as the table allows. On PostgreSQL, the run as the
+    write left it (the execution reads it no more); elsewhere, whether it applied."""
     legal = [Status.RUNNING] if status == Status.RUNNING else sources_of(Status.RUNNING)
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(
-                _TAKE.format(run=Run._meta.db_table),
+                _TAKE.format(run=Run._meta.db_table, columns=step_sql.run_columns()),
                 [
                     Status.RUNNING.value,
                     owner,
@@ -103,7 +104,8 @@ def _take(run_id: str, status: str, owner: str, lease_seconds: float) -> bool:
                     [s.value for s in legal],
                 ],
             )
-            return bool(cursor.rowcount > 0)
+            row = cursor.fetchone()
+        return False if row is None else step_sql.run_from_row(row)
     rows = Run.objects.filter(_free(), pk=run_id, status=status, status__in=[s.value for s in legal])
     updated = rows.update(
         status=Status.RUNNING,
@@ -133,7 +135,8 @@ def claim(run_id: str, owner: str, lease_seconds: float) -> Claim | None:
         # meanwhile waits for it and then finds its own claim gone.
         if run.claim_owner is not None and not effect_lock(run_id, wait=False):
             return None
-        if not _take(run_id, run.status, owner, lease_seconds):
+        taken = _take(run_id, run.status, owner, lease_seconds)
+        if not taken:
             return None
         return Claim(
             run_id,
@@ -142,6 +145,7 @@ def claim(run_id: str, owner: str, lease_seconds: float) -> Claim | None:
             resumed=run.started_at is not None,
             stalled=run.stalled_executions,
             cancel_requested=run.cancel_requested,
+            row=taken if isinstance(taken, Run) else None,
         )
 
 
@@ -241,14 +245,7 @@ def start_model_call(claim: Claim) -> list[RunInput] | None:
     with connection.cursor() as cursor:
         cursor.execute(sql, [claim.run_id, Status.RUNNING.value, claim.owner, claim.attempt])
         rows = cursor.fetchall()
-    if not rows:
-        return None
-    # Django has psycopg hand jsonb over as text, which JSONField decodes: so does this.
-    return [
-        RunInput(id=pk, run_id=claim.run_id, payload=json.loads(raw), created_at=created_at)
-        for pk, raw, created_at in rows
-        if pk is not None
-    ]
+    return None if not rows else step_sql.inputs_of(claim.run_id, rows)
 
 
 def count_model_call(claim: Claim) -> bool:

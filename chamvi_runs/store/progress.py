@@ -18,10 +18,10 @@ from ..core.records import Claim, StepRecord, Stored, WaitRequest, arguments_has
 from ..core.states import TERMINAL, Status
 from ..core.storable import storable
 from ..core.types import NO_USAGE, Message, Usage
-from ..models import Checkpoint, Step, WaitPoint
+from ..models import Checkpoint, Run, RunInput, Step, WaitPoint
 from . import histories, step_sql
 from .fence import db_now_plus, to, update_held
-from .queries import waiting_inputs
+from .queries import pending_inputs, waiting_inputs
 
 CLOSED_AT_END = "The run ended before this tool call ran."
 
@@ -69,17 +69,27 @@ def _record(
     stored: Stored | None = None,
     whole: bool = False,
     unless_cancelled: bool = False,
+    count_call: bool = False,
     **run_fields: Any,
-) -> int:
+) -> list[RunInput]:
     """Inside a transaction: the fenced run update (usage, plus ``run_fields``), the steps with the
     messages each added to the history, the checkpoint at the last step's index (with the whole
     history when ``whole`` or ``stored`` asks for it), and the inputs those steps took. ``stored``
-    None: the caller does not say what is stored, and the whole history is written. Returns that
-    index; raises _Refused when the fence (or, with ``unless_cancelled``, a requested cancel)
+    None: the caller does not say what is stored, and the whole history is written. With
+    ``count_call``, the model call made next is counted, and the inputs waiting for it are
+    returned. Raises _Refused when the fence (or, with ``unless_cancelled``, a requested cancel)
     refuses."""
-    if not run_fields and step_sql.applies():
+    taken = set(consumed_inputs)
+    waiting: list[RunInput] = []
+    if count_call and step_sql.applies():
+        counted = step_sql.add_usage_and_count(claim, usage)
+        held = counted is not None
+        waiting = [item for item in counted or () if item.pk not in taken]
+    elif not run_fields and step_sql.applies():
         held = step_sql.add_usage(claim, usage, unless_cancelled=unless_cancelled)
     else:
+        if count_call:
+            run_fields["model_calls"] = F("model_calls") + 1
         held = update_held(
             claim,
             unless_cancelled=unless_cancelled,
@@ -89,6 +99,8 @@ def _record(
             updated_at=Now(),
             **run_fields,
         )
+        if held and count_call:
+            waiting = [item for item in pending_inputs(claim.run_id) if item.pk not in taken]
     if not held:
         raise _Refused
     if stored is None:
@@ -98,14 +110,17 @@ def _record(
     whole = histories.writes_whole(messages, whole or stored.whole)
     parts = histories.parts(steps, messages[stored.length :])
     _write_steps(claim, steps, histories.stored_parts(parts, whole))
-    last = max(s.index for s in steps)
     histories.move_checkpoint(
-        claim.run_id, last, messages, finish_reason, whole=whole, opening_length=stored.opening_length
+        claim.run_id,
+        max(s.index for s in steps),
+        messages,
+        finish_reason,
+        whole=whole,
+        opening_length=stored.opening_length,
     )
-    inputs = list(consumed_inputs)
-    if inputs:
-        waiting_inputs(claim.run_id).filter(pk__in=inputs).update(consumed_step=min(s.index for s in steps))
-    return last
+    if taken:
+        waiting_inputs(claim.run_id).filter(pk__in=taken).update(consumed_step=min(s.index for s in steps))
+    return waiting
 
 
 def save_step(
@@ -129,6 +144,33 @@ def save_step(
         return False
     crash_point("after_step_commit")
     return True
+
+
+def save_step_and_count(
+    claim: Claim,
+    steps: list[StepRecord],
+    messages: list[Message],
+    *,
+    finish_reason: str = "",
+    usage: Usage = NO_USAGE,
+    consumed_inputs: Iterable[str] = (),
+    stored: Stored | None = None,
+) -> list[RunInput] | None:
+    """``save_step`` of steps after which the execution makes its next model call at once: that
+    call is counted in the same transaction (not in a statement and a commit of its own), and the
+    steering inputs waiting for it are returned, oldest first. None: the claim is lost, and
+    nothing was written. An execution that ends without making the counted call takes it back
+    with its settle (``settle(uncount_call=True)``)."""
+    try:
+        with transaction.atomic():
+            waiting = _record(
+                claim, steps, messages, finish_reason, usage, consumed_inputs, stored=stored, count_call=True
+            )
+            crash_point("before_step_commit")
+    except _Refused:
+        return None
+    crash_point("after_step_commit")
+    return waiting
 
 
 def open_wait(
@@ -220,12 +262,13 @@ def save_and_settle(
     error_message: str = "",
     unless_input: bool = False,
     stored: Stored | None = None,
-) -> bool | None:
+) -> Run | bool | None:
     """The step that ends a run (a final answer, a broken model turn) and its terminal settle, in
     one transaction. With ``unless_input``, input that arrived while the model answered (not among
     ``consumed_inputs``) keeps the run going: the step is saved and the run is not settled.
-    True: saved and settled. False: saved, not settled (the run goes on). None: the claim is lost,
-    and nothing was written."""
+    The settled run (on PostgreSQL with its receipt of inputs as ``receipt``): saved and settled.
+    False: saved, not settled (the run goes on). None: the claim is lost, and nothing was
+    written."""
     assert status in TERMINAL
     consumed = list(consumed_inputs)
     try:
@@ -234,12 +277,26 @@ def save_and_settle(
             _record(claim, steps, closed, finish_reason, usage, consumed, stored=stored, whole=True)
             # The run row is locked now and add_input locks it too: an input that is not seen here
             # is refused, once this commits, as one sent to a settled run.
-            if unless_input and waiting_inputs(claim.run_id).exclude(pk__in=consumed).exists():
+            if step_sql.applies():
+                settled: Run | bool = (
+                    step_sql.settle_with_answer(
+                        claim,
+                        status,
+                        storable(output),
+                        error_code,
+                        storable(error_message),
+                        unless_input=unless_input,
+                    )
+                    or False
+                )
+                if settled:
+                    crash_point("before_settle")
+            elif unless_input and waiting_inputs(claim.run_id).exclude(pk__in=consumed).exists():
                 settled = False
             else:
                 crash_point("before_settle")
                 update_held(claim, **_settled_fields(status, output, error_code, error_message))
-                settled = True
+                settled = Run.objects.get(pk=claim.run_id)
             crash_point("before_step_commit")
     except _Refused:
         return None
@@ -273,12 +330,17 @@ def settle(
     error_code: str = "",
     error_message: str = "",
     close_history: str | None = None,
+    uncount_call: bool = False,
 ) -> bool:
     """Final write of an execution: a terminal status, or ``interrupted``. Releases the claim.
     A terminal settle answers every open tool call in the checkpoint (with ``close_history``, or a
-    generic text), so a thread can always continue. False, nothing written: the claim is lost, or
-    (``interrupted`` only) a cancel was requested, which wins."""
+    generic text), so a thread can always continue. ``uncount_call``: the execution's last save
+    counted a model call it ends without making (``save_step_and_count``), which is taken back.
+    False, nothing written: the claim is lost, or (``interrupted`` only) a cancel was requested,
+    which wins."""
     fields = _settled_fields(status, output, error_code, error_message)
+    if uncount_call:
+        fields["model_calls"] = F("model_calls") - 1
     if status in TERMINAL:
         close_history = close_history or CLOSED_AT_END
     with transaction.atomic():

@@ -10,6 +10,7 @@ Every write here but the renewal runs inside the transaction of a save (``progre
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,11 +19,31 @@ from django.db import connection
 from ..core.records import Claim
 from ..core.states import Status
 from ..core.types import Usage
-from ..models import Checkpoint, Run, Step
+from ..models import Checkpoint, Run, RunInput, Step
 
 
 def applies() -> bool:
     return connection.vendor == "postgresql"
+
+
+def run_columns(alias: str = "") -> str:
+    """Every column of the run row, in field order, for a ``RETURNING`` (``run_from_row``)."""
+    prefix = f"{alias}." if alias else ""
+    return ", ".join(
+        prefix + connection.ops.quote_name(f.column or f.attname) for f in Run._meta.concrete_fields
+    )
+
+
+def run_from_row(values: Sequence[Any]) -> Run:
+    """A Run from a row of ``run_columns``, its values converted as the ORM converts them (JSON
+    columns arrive as text)."""
+    fields = Run._meta.concrete_fields
+    converted = []
+    for f, value in zip(fields, values, strict=True):
+        for converter in f.get_db_converters(connection):
+            value = converter(value, None, connection)
+        converted.append(value)
+    return Run.from_db(connection.alias, [f.attname for f in fields], converted)
 
 
 def _json(value: Any) -> Any:
@@ -56,6 +77,50 @@ def add_usage(claim: Claim, usage: Usage, *, unless_cancelled: bool) -> bool:
         [usage.input_tokens, usage.output_tokens],
         unless_cancelled=unless_cancelled,
     )
+
+
+_USAGE_AND_COUNT = """
+WITH held AS (
+    UPDATE {run} SET input_tokens = input_tokens + %s, output_tokens = output_tokens + %s,
+        model_calls = model_calls + 1, stalled_executions = 0, updated_at = STATEMENT_TIMESTAMP()
+    WHERE id = %s AND status = %s AND claim_owner = %s AND attempt = %s
+    RETURNING id
+)
+SELECT i.id, i.payload, i.created_at FROM held
+LEFT JOIN {input} i ON i.run_id = held.id AND i.consumed_step IS NULL
+ORDER BY i.created_at, i.id
+"""
+
+
+def add_usage_and_count(claim: Claim, usage: Usage) -> list[RunInput] | None:
+    """``add_usage`` that also counts the model call made next, and returns the steering inputs
+    waiting for it, oldest first (the ones the save takes among them: it marks them after this).
+    None: the claim is lost; nothing was written."""
+    sql = _USAGE_AND_COUNT.format(run=Run._meta.db_table, input=RunInput._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            sql,
+            [
+                usage.input_tokens,
+                usage.output_tokens,
+                claim.run_id,
+                Status.RUNNING.value,
+                claim.owner,
+                claim.attempt,
+            ],
+        )
+        rows = cursor.fetchall()
+    return None if not rows else inputs_of(claim.run_id, rows)
+
+
+def inputs_of(run_id: str, rows: Sequence[tuple[Any, ...]]) -> list[RunInput]:
+    """Steering inputs from ``(id, payload, created_at)`` rows of a LEFT JOIN (an id of None: no
+    input). Django has psycopg hand jsonb over as text, which JSONField decodes: so does this."""
+    return [
+        RunInput(id=pk, run_id=run_id, payload=json.loads(raw), created_at=created_at)
+        for pk, raw, created_at in rows
+        if pk is not None
+    ]
 
 
 def renew(claim: Claim, lease_seconds: float, usage: Usage) -> bool:
@@ -125,3 +190,52 @@ def move_checkpoint(run_id: str, step_index: int, fields: dict[str, Any]) -> boo
     with connection.cursor() as cursor:
         cursor.execute(sql, [*values, run_id, step_index])
         return bool(cursor.rowcount > 0)
+
+
+_SETTLE_WITH_ANSWER = """
+UPDATE {run} r SET status = %s, claim_owner = NULL, claim_expires_at = NULL, stalled_executions = 0,
+    updated_at = STATEMENT_TIMESTAMP(), output = %s, error_code = %s, error_message = %s,
+    finished_at = STATEMENT_TIMESTAMP()
+WHERE id = %s AND status = %s AND claim_owner = %s AND attempt = %s{unless_input}
+RETURNING {columns}, ARRAY(
+    SELECT i.id FROM {input} i WHERE i.run_id = r.id AND i.consumed_step IS NOT NULL
+    ORDER BY i.created_at, i.id
+)
+"""
+_UNLESS_INPUT = """
+    AND NOT EXISTS (SELECT 1 FROM {input} i WHERE i.run_id = r.id AND i.consumed_step IS NULL)"""
+
+
+def settle_with_answer(
+    claim: Claim, status: Status, output: Any, error_code: str, error_message: str, *, unless_input: bool
+) -> Run | None:
+    """Inside the transaction of the step that ends the run (``progress.save_and_settle``), after
+    that step's fenced write: the terminal settle, fenced, returning the run as it settled with its
+    receipt of inputs (``receipt``, for its ``run.end``), so nothing is read after the commit. With
+    ``unless_input``, an input no model call took (the run row is locked, and adding an input
+    locks it too) keeps the run going: None, nothing written."""
+    table = RunInput._meta.db_table
+    sql = _SETTLE_WITH_ANSWER.format(
+        run=Run._meta.db_table,
+        input=table,
+        columns=run_columns("r"),
+        unless_input=_UNLESS_INPUT.format(input=table) if unless_input else "",
+    )
+    params = [
+        status.value,
+        _json(output),
+        error_code,
+        error_message,
+        claim.run_id,
+        Status.RUNNING.value,
+        claim.owner,
+        claim.attempt,
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    run = run_from_row(row[:-1])
+    run.receipt = list(row[-1])
+    return run

@@ -236,6 +236,14 @@ def start_lineage(run: Run) -> dict[str, Any]:
     }
 
 
+def receipt(run: Run) -> list[str]:
+    """The ids of the steering inputs the run took: as its settle returned them (``receipt``, set
+    by ``store.save_and_settle``), or read."""
+    if run.receipt is not None:
+        return list(run.receipt)
+    return list(run.inputs.exclude(consumed_step=None).values_list("id", flat=True))
+
+
 def run_end_event(run: Run, *, waited: bool = True) -> events.Event:
     """The ``run.end`` event of a settled run: its final state and the receipt of inputs it took.
     It reaches every viewer of the run, so its error is the one non-staff viewers see. ``waited``
@@ -245,7 +253,7 @@ def run_end_event(run: Run, *, waited: bool = True) -> events.Event:
         output=run.output,
         error=error_json(run, internals=False),
         usage={"input_tokens": run.input_tokens, "output_tokens": run.output_tokens},
-        inputs=list(run.inputs.exclude(consumed_step=None).values_list("id", flat=True)),
+        inputs=receipt(run),
         # A cancel closes an open approval without a run.resume: the page learns it here.
         decisions=decisions_json(run) if waited else [],
     )

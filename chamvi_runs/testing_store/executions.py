@@ -205,6 +205,29 @@ class ExecutionWrites(Reads):
             return False
         return True
 
+    def save_step_and_count(
+        self,
+        claim: Claim,
+        steps: list[StepRecord],
+        messages: list[Message],
+        *,
+        finish_reason: str = "",
+        usage: Usage = NO_USAGE,
+        consumed_inputs: Iterable[str] = (),
+        stored: Stored | None = None,
+    ) -> list[RunInput] | None:
+        """``save_step``, and the next model call counted in the same write; the inputs waiting
+        for it. None: the claim is lost; nothing was written."""
+        try:
+            with self._atomic():
+                self._record(claim, steps, messages, finish_reason, usage, consumed_inputs, stored=stored)
+                run = self._held(claim)
+                assert run is not None  # updated, fenced, by this transaction
+                run.model_calls += 1
+                return self.pending_inputs(claim.run_id)
+        except Refused:
+            return None
+
     def open_wait(
         self,
         claim: Claim,
@@ -296,10 +319,10 @@ class ExecutionWrites(Reads):
         error_message: str = "",
         unless_input: bool = False,
         stored: Stored | None = None,
-    ) -> bool | None:
-        """True: saved and settled. False: saved, not settled (``unless_input``, and input arrived
-        meanwhile: the run goes on). None: the claim is lost, nothing written. A requested cancel
-        does not refuse it: a terminal settle wins."""
+    ) -> Run | bool | None:
+        """The settled run: saved and settled. False: saved, not settled (``unless_input``, and
+        input arrived meanwhile: the run goes on). None: the claim is lost, nothing written. A
+        requested cancel does not refuse it: a terminal settle wins."""
         assert status in TERMINAL
         consumed = list(consumed_inputs)
         try:
@@ -314,9 +337,9 @@ class ExecutionWrites(Reads):
                 run = self._held(claim)
                 assert run is not None  # updated, fenced, by this transaction
                 self._settled(run, status, output, error_code, error_message)
-                return True
         except Refused:
             return None
+        return self.run(claim.run_id)
 
     def settle(
         self,
@@ -327,10 +350,12 @@ class ExecutionWrites(Reads):
         error_code: str = "",
         error_message: str = "",
         close_history: str | None = None,
+        uncount_call: bool = False,
     ) -> bool:
         """A terminal status or ``interrupted``; releases the claim. A terminal settle answers every
-        open tool call (``close_history``, or a generic text). False, nothing written: the claim is
-        lost, or (``interrupted`` only) a cancel was requested, which wins."""
+        open tool call (``close_history``, or a generic text). ``uncount_call`` takes back a model
+        call counted and not made. False, nothing written: the claim is lost, or (``interrupted``
+        only) a cancel was requested, which wins."""
         if status in TERMINAL:
             close_history = close_history or CLOSED_AT_END
         with self._atomic():
@@ -339,6 +364,8 @@ class ExecutionWrites(Reads):
             if run is None or run.status not in sources_of(status):
                 return False
             self._settled(run, status, output, error_code, error_message)
+            if uncount_call:
+                run.model_calls -= 1
             if status == Status.CANCELLED:
                 self._cancel_open_approval(claim.run_id)
             # The run leaves its worker: its whole history is written, closed or not.

@@ -37,15 +37,20 @@ def test_a_run_whose_agent_is_gone_fails_with_its_history_closed(server):
     assert not open_tool_calls(server.requests_for("m-basic")[-1]["messages"])
 
 
-def test_an_internal_error_tells_viewers_no_internals_and_closes_the_history(server, monkeypatch):
-    from chamvi_runs.core import decisions
+def test_an_internal_error_tells_viewers_no_internals_and_closes_the_history(server):
+    from chamvi_runs.signals import step_saved
 
     def broken(*args, **kwargs):
         raise RuntimeError("password=hunter2 at db-7.internal")
 
     server.script("m-basic", [Reply(tool_call("c1", "add", '{"a": 1, "b": 2}'), finish("tool_calls"))])
-    monkeypatch.setattr(decisions, "invalid_streak", broken)
-    run = execute(start_run("basic", "x"))
+    # A receiver of the site's raises after the tool turn's save.
+    step_saved.connect(broken, weak=False)
+    try:
+        run = execute(start_run("basic", "x"))
+    finally:
+        step_saved.disconnect(broken)
     assert (run.status, run.error_code) == ("failed", "internal_error")
     assert "hunter2" not in run.error_message and "RuntimeError" in run.error_message
     assert not open_tool_calls(Checkpoint.objects.get(run=run).messages)
+    assert run.model_calls == 1  # the call its save counted was never made

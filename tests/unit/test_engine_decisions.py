@@ -114,7 +114,7 @@ def harness(monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
     monkeypatch.setattr(
         fenced_writes,
         "announce_settled",
-        lambda run_id, broadcaster=None, waited=True: h.settled.append(run_id),
+        lambda run_id, broadcaster=None, waited=True, run=None: h.settled.append(run_id),
     )
     monkeypatch.setattr(
         fenced_writes, "notify", lambda agent, run, waitpoint, **_: h.notified.append(waitpoint)
@@ -276,6 +276,7 @@ def test_every_write_of_a_claim_another_execution_took_over_is_refused(harness, 
     assert harness.store.renew_many([stale, fresh], LEASE) == {run.pk}
     assert harness.store.start_model_call(stale) is None
     assert harness.store.save_step(stale, step, history, usage=usage) is False
+    assert harness.store.save_step_and_count(stale, step, history, usage=usage) is None
     ending = {"finish_reason": "stop", "usage": usage, "consumed_inputs": (), "status": Status.COMPLETED}
     assert harness.store.save_and_settle(stale, step, history, **ending) is None
     assert harness.store.open_wait(stale, step, history, waits=[]) is None
@@ -290,8 +291,8 @@ def test_every_write_of_a_claim_another_execution_took_over_is_refused(harness, 
     )
     assert harness.store.steps(run.pk) == []
 
-    assert harness.store.save_and_settle(fresh, step, history, **ending) is True
-    assert harness.store.run(run.pk).status == "completed"
+    settled = harness.store.save_and_settle(fresh, step, history, **ending)
+    assert settled.status == harness.store.run(run.pk).status == "completed"
 
 
 def test_a_lease_that_ran_out_still_lets_its_worker_write_until_another_claims(harness):
