@@ -1,6 +1,8 @@
 """Test settings: the bundled project plus the test agents, on the real PostgreSQL and Redis."""
 
 import os
+from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/chamvi")
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
@@ -21,9 +23,11 @@ CHAMVI_RUNS = {
     "MODEL_BACKOFF_SECONDS": 0.05,
     "QUEUE": "chamvi",
 }
-MEDIA_ROOT = os.environ.get("CHAMVI_TEST_MEDIA", "/tmp/chamvi-test-media")
+MEDIA_ROOT = Path(os.environ.get("CHAMVI_TEST_MEDIA", "/tmp/chamvi-test-media"))
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # Redis pub/sub channels ignore the URL's database number: two suites on one server (make test's
 # lanes, a helper's run beside CI) would hear each other's thread groups, which are named after the
 # thread, without a prefix of their own.
-CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = "chamvi-test-" + REDIS_URL.rsplit("/", 1)[-1]
+_layer: dict[str, Any] = dict(CHANNEL_LAYERS["default"])
+_layer["CONFIG"] = {**_layer["CONFIG"], "prefix": "chamvi-test-" + REDIS_URL.rsplit("/", 1)[-1]}
+CHANNEL_LAYERS = {"default": _layer}
