@@ -102,6 +102,7 @@ class StepInline(StepColumns, ReadOnly, admin.TabularInline):
 
 class WaitPointInline(WaitPointColumns, ReadOnly, admin.TabularInline):
     model = WaitPoint
+    fk_name = "run"
     formset = LatestRows
     template = "chamvi_runs/admin/latest_rows.html"
     ordering = ["created_at", "pk"]

@@ -25,6 +25,7 @@ E019       ``CONCURRENCY`` is not a positive int
 E020       ``STREAM_COALESCE_SECONDS`` is not a number >= 0
 E025       ``MAX_INPUTS`` is not a positive int
 E026       ``MAX_PENDING_INPUT_BYTES`` is not a positive int, or is less than ``MAX_PAYLOAD_BYTES``
+E028       ``MAX_CHILD_DEPTH`` is not a positive int
 W001       an unknown key in ``CHAMVI_RUNS`` (a typo?)
 W002       ``RQ['WORKER_CLASS']`` is not ``chamvi_runs.worker.Worker`` (``rq`` executor)
 E018       ``CHANNEL_LAYERS`` has no ``default`` layer: websockets and Server-Sent Events need one
@@ -151,6 +152,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
         ("MAX_ATTEMPTS", "E017"),
         ("CONCURRENCY", "E019"),
         ("MAX_INPUTS", "E025"),
+        ("MAX_CHILD_DEPTH", "E028"),
     ):
         count = value[key]
         if not isinstance(count, int) or isinstance(count, bool) or count < 1:

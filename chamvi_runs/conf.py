@@ -28,6 +28,7 @@ DEFAULTS: dict[str, Any] = {
     "MODEL_BACKOFF_SECONDS": 0.5,
     "MAX_INVALID_TOOL_CALLS": 3,
     "MAX_ATTEMPTS": 5,
+    "MAX_CHILD_DEPTH": 3,
     "CONCURRENCY": 1,
     "MODEL": "chamvi_runs.llm_openai.OpenAIModel",
     "METRICS_PORT": None,
@@ -125,6 +126,10 @@ class Conf:
     @property
     def MAX_ATTEMPTS(self) -> int:
         return int(self._get("MAX_ATTEMPTS"))
+
+    @property
+    def MAX_CHILD_DEPTH(self) -> int:
+        return int(self._get("MAX_CHILD_DEPTH"))
 
     @property
     def MODEL(self) -> str:

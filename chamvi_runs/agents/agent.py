@@ -18,6 +18,7 @@ from django.core.exceptions import ImproperlyConfigured
 from ..core.budget import Budget
 from ..core.types import AbortSignal
 from ..errors import AgentNotFound
+from . import delegation
 from .tools import Tool
 
 if TYPE_CHECKING:
@@ -71,6 +72,7 @@ class Agent:
         output: type[pydantic.BaseModel] | dict[str, Any] | None = None,
         notifier: Callable[[Run, WaitPoint], None] | None = None,
         on_approval_expired: str = "deny",
+        input: type[pydantic.BaseModel] | dict[str, Any] | None = None,
     ) -> None:
         if not name or not isinstance(name, str):
             raise ImproperlyConfigured("Agent name must be a non-empty string")
@@ -98,10 +100,16 @@ class Agent:
             )
         if notifier is not None and not callable(notifier):
             raise ImproperlyConfigured(f"Agent {name}: notifier must be callable(run, waitpoint)")
+        try:
+            self.input_model = delegation.input_model(name, input)
+        except TypeError as exc:
+            raise ImproperlyConfigured(str(exc)) from None
         if not callable(tools):
             if isinstance(tools, str | bytes) or not isinstance(tools, Iterable):
                 raise ImproperlyConfigured(f"Agent {name}: tools must be a list of tools or callable(ctx)")
-            tools = tuple(tools)  # a generator would be empty after this check
+            # An agent among the tools is delegated to (``as_tool``); a generator would be empty
+            # after these checks.
+            tools = tuple(_as_tool(name, t) if isinstance(t, Agent) else t for t in tools)
             seen: set[str] = set()
             for t in tools:
                 if not isinstance(t, Tool):
@@ -137,6 +145,13 @@ class Agent:
 
     def __repr__(self) -> str:
         return f"<Agent {self.name}>"
+
+    def as_tool(self, name: str | None = None, description: str | None = None) -> Tool:
+        """This agent as another agent's tool: a call starts a child run of it (SPEC §13), whose
+        trigger payload is the call's arguments (``{"task": ...}`` unless ``input`` says
+        otherwise); the caller waits without holding a worker, and the child's output, or its
+        error, is the call's result."""
+        return delegation.delegating_tool(self.name, self.instructions, self.input_model, name, description)
 
     def render_instructions(self, ctx: RunContext) -> str:
         return self.instructions(ctx) if callable(self.instructions) else self.instructions
@@ -199,6 +214,16 @@ class Agent:
             raise ValueError(
                 f"output does not match {self.output.__name__}: {where + ': ' if where else ''}{first['msg']}"
             ) from None
+
+
+def _as_tool(agent: str, child: Agent) -> Tool:
+    try:
+        return child.as_tool()
+    except ValueError as exc:
+        raise ImproperlyConfigured(
+            f"Agent {agent}: agent {child.name!r} cannot be a tool under its own name ({exc}); "
+            "use its as_tool(name=...)"
+        ) from None
 
 
 def _condition(agent: str, tool_name: str, rule: Any) -> Approval:

@@ -63,6 +63,8 @@ class Tool:
     """Effect tools run their side effect at most once per run and tool call (see docs/effects.md)."""
     question: Question | None = None
     """Set for ``human_tool``: a call asks the run's user, and the answer is its result."""
+    delegate: str | None = None
+    """Set for an agent as a tool (``Agent.as_tool``): the agent a call starts a child run of."""
 
     def schema(self) -> dict[str, Any]:
         """The Chat Completions tool definition (a fresh copy: callers may change it)."""
@@ -94,7 +96,9 @@ class Tool:
             )
             raise ToolArgumentsError(f"invalid arguments for {self.name}: {details}") from None
         fields = type(parsed).model_fields
-        return {field.alias or name: getattr(parsed, name) for name, field in fields.items()}
+        values = {field.alias or name: getattr(parsed, name) for name, field in fields.items()}
+        # A model that takes keys beyond its fields (a delegation's JSON-schema input) keeps them.
+        return {**(parsed.model_extra or {}), **values}
 
     def invoke(self, ctx: Any, arguments: dict[str, Any]) -> Any:
         if self.takes_ctx:

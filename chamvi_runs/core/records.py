@@ -76,18 +76,24 @@ class WaitRequest:
     editable: bool = True
     answer_schema: dict[str, Any] | None = None
     client: bool = False
+    delegate: str | None = None
+    """A wait of kind ``child``: the agent of the child run the wait starts (``input`` is its
+    trigger payload)."""
 
 
 @dataclass(frozen=True)
 class Decided:
     """A decided wait point as the execution resuming after it needs it: an approved call (with the
-    arguments a person approved instead, if any), or a question answered or expired."""
+    arguments a person approved instead, if any), a question answered or expired, or a child run
+    that settled."""
 
     kind: str
     decision: str
     arguments_hash: str
     approved_input: Any = None
     answer: Any = None
+    reason: str = ""
+    """A child run's wait decided ``failed``: why the child has no output."""
 
 
 @dataclass

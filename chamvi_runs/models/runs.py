@@ -71,6 +71,16 @@ class Run(models.Model):
         db_constraint=False,
         help_text="The run this one regenerates or resends: the thread continues from this one.",
     )
+    # A child run (SPEC §13): started by one tool call of its parent, the call at ``parent_position``
+    # of the model call saved as step ``parent_step``. At most one child per call (a constraint).
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children"
+    )
+    parent_step = models.PositiveIntegerField(null=True, blank=True)
+    parent_position = models.PositiveIntegerField(null=True, blank=True)
+    depth = models.PositiveSmallIntegerField(
+        default=0, db_default=0, help_text="Delegations above this run: 0 for a run nobody delegated."
+    )
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -101,6 +111,11 @@ class Run(models.Model):
                 condition=Q(claim_owner__isnull=True) | Q(claim_expires_at__isnull=False),
                 name="chamvi_run_claim_has_expiry",
             ),
+            models.UniqueConstraint(
+                fields=["parent", "parent_step", "parent_position"],
+                condition=Q(parent__isnull=False),
+                name="chamvi_run_one_child_per_call",
+            ),
         ]
         indexes = [
             models.Index(fields=["status", "claim_expires_at"], name="chamvi_run_claimable"),
@@ -128,6 +143,8 @@ class StuckRun(Run):
     # Set by store.queries.stuck_runs on the rows it returns.
     stuck_reason: str
     stuck_for: timedelta
+    stuck_child: str | None
+    """A waiting run stuck on its child run: that child."""
 
     class Meta:
         proxy = True

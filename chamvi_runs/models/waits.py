@@ -17,13 +17,18 @@ class WaitPoint(models.Model):
         EXPIRED = "expired"
         # The run was cancelled while it waited: nobody decided the call, and it never ran.
         CANCELLED = "cancelled"
-        # A question's answer was recorded (``answer``): it becomes the tool's result.
+        # A question's answer was recorded (``answer``): it becomes the tool's result. For a child
+        # run's wait: the child completed, and its output is the answer.
         ANSWERED = "answered"
+        # A child run ended without an output (failed or cancelled): ``reason`` is the tool's error.
+        FAILED = "failed"
 
     class Kind(models.TextChoices):
         APPROVAL = "approval"
         # A question to the run's user (``human_tool``): answered, not approved.
         INPUT = "input"
+        # A child run the call started (SPEC §13): decided when the child settles.
+        CHILD = "child"
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="waitpoints")
     kind = models.CharField(max_length=20, choices=Kind.choices, default=Kind.APPROVAL)
@@ -58,6 +63,14 @@ class WaitPoint(models.Model):
         help_text="A question the page's code answers (a client tool), not a person.",
     )
     answer = models.JSONField(null=True, blank=True, help_text="A question's answer, once answered.")
+    child = models.ForeignKey(
+        Run,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="The child run a wait of kind child waits for.",
+    )
     expires_at = models.DateTimeField(null=True, blank=True)
     token_hash = models.CharField(max_length=64, blank=True, default="")
     notified_at = models.DateTimeField(null=True, blank=True)
@@ -93,11 +106,11 @@ class WaitPoint(models.Model):
             ),
             models.CheckConstraint(
                 condition=Q(decision__isnull=True)
-                | Q(decision__in=["approved", "denied", "expired", "cancelled", "answered"]),
+                | Q(decision__in=["approved", "denied", "expired", "cancelled", "answered", "failed"]),
                 name="chamvi_waitpoint_decision_valid",
             ),
             models.CheckConstraint(
-                condition=Q(kind__in=["approval", "input"]), name="chamvi_waitpoint_kind_valid"
+                condition=Q(kind__in=["approval", "input", "child"]), name="chamvi_waitpoint_kind_valid"
             ),
         ]
 

@@ -71,7 +71,13 @@ class Execution:
         self.abort = AbortSignal()
         self.shutdown = shutdown
         self.run_row: Run = claim.row if claim.row is not None else db.run(claim.run_id)
-        self.broadcaster: Broadcaster = ChannelsBroadcaster(self.run_row.thread, self.run_row.scope)
+        # A child run's events also reach the runs above it, and its topmost ancestor's thread.
+        above, thread, scope = (
+            db.ancestors(self.run_row)
+            if self.run_row.parent_id is not None
+            else ([], self.run_row.thread, self.run_row.scope)
+        )
+        self.broadcaster: Broadcaster = ChannelsBroadcaster(thread, scope, above)
         self.writes = FencedWrites(claim, db, self.broadcaster, self.emit)
         self.steps = ModelSteps(claim, self.run_row, self.abort, db, self.writes, self.emit)
 

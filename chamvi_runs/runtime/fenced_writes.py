@@ -23,6 +23,7 @@ from ..core.ports import Broadcaster, Store
 from ..core.records import Claim, Opening, StepRecord, Stored
 from ..core.states import TERMINAL, Status
 from ..core.types import NO_USAGE, AbortSignal, Message, Usage
+from ..dispatch.doorbell import enqueue
 from ..models import Run
 from ..streaming import events
 from ..streaming.serializers import waiting_event
@@ -212,11 +213,17 @@ class FencedWrites:
             return self.settle(decisions.on_refused_wait())
         signals.step_saved.send(Run, run_id=self.claim.run_id, steps=[*steps, *waits])
         for waitpoint in waitpoints:
-            self.emit(events.run_waiting(**waiting_event(waitpoint)))
+            # A child run's wait asks nobody: viewers follow the child (the run's ``children``).
+            if waitpoint.child_id is None:
+                self.emit(events.run_waiting(**waiting_event(waitpoint)))
         run = self.db.run(self.claim.run_id)
         for waitpoint in waitpoints:
             signals.run_waiting.send(Run, run=run, waitpoint=waitpoint)
-            notify(agent, run, waitpoint)
+            if waitpoint.child_id is not None:
+                # Nobody is asked: the child run decides this wait when it settles.
+                enqueue(waitpoint.child_id)
+            else:
+                notify(agent, run, waitpoint)
         return Waiting()
 
     def conclude(

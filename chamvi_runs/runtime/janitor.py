@@ -30,6 +30,8 @@ class TickReport:
     """Open approvals past their expiry that were expired (the run goes on, or fails)."""
     notified: int = 0
     """Notifications re-sent."""
+    woken: int = 0
+    """Parents woken by a child that settled in a process that died before waking them."""
 
     @property
     def requeued(self) -> int:
@@ -39,7 +41,7 @@ class TickReport:
     @property
     def quiet(self) -> bool:
         """Nothing was due: the tick did nothing."""
-        return not (self.enqueued or self.expired or self.notified)
+        return not (self.enqueued or self.expired or self.notified or self.woken)
 
 
 def tick_once() -> TickReport:
@@ -59,6 +61,11 @@ def tick_once() -> TickReport:
     for waitpoint in queries.unnotified_waitpoints():
         if _renotify(waitpoint):
             report.notified += 1
+    for child in store.settled_unannounced():
+        parent = store.settle_into_parent(child)
+        if parent is not None:
+            enqueue(parent)
+            report.woken += 1
     return report
 
 

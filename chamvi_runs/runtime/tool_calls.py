@@ -110,6 +110,17 @@ class ToolCalls:
                         calls[position - first_position :], llm_index, position, index, started
                     )
                     return Answered(messages, steps, waits)
+                elif tool.delegate is not None and self.run.depth < conf.MAX_CHILD_DEPTH:
+                    waits = self.children(
+                        calls[position - first_position :], llm_index, position, index, started
+                    )
+                    return Answered(messages, steps, waits)
+                elif tool.delegate is not None:
+                    error = (
+                        f"not run: delegating to {tool.delegate} would pass MAX_CHILD_DEPTH "
+                        f"({conf.MAX_CHILD_DEPTH} runs deep); do the task without delegating"
+                    )
+                    tool = None
                 elif self.agent.needs_approval(name, arguments, ctx):
                     return Answered(
                         messages,
@@ -209,6 +220,33 @@ class ToolCalls:
             )
         return waits
 
+    def children(
+        self, calls: list[dict[str, Any]], llm_index: int, position: int, index: int, started: datetime
+    ) -> list[WaitRequest]:
+        """The delegation at ``position`` and those right after it in the same model call: their
+        child runs are started together, run at once, and the run goes on once all have settled."""
+        waits = []
+        for offset, call in enumerate(calls):
+            tool, arguments, _error = _parse(
+                self.tools, call["function"]["name"], call["function"].get("arguments") or ""
+            )
+            if tool is None or tool.delegate is None:
+                break
+            waits.append(
+                WaitRequest(
+                    call=CallRef(llm_index, position + offset, call["id"]),
+                    tool_name=tool.name,
+                    input=to_jsonable(arguments),
+                    kind="child",
+                    ttl=timedelta(0),
+                    step_index=index + offset,
+                    started_at=started,
+                    editable=False,
+                    delegate=tool.delegate,
+                )
+            )
+        return waits
+
     def invoke(self, tool: Tool, ctx: RunContext, arguments: dict[str, Any]) -> tuple[Any, str]:
         if tool.effect:
             return run_effect(self.claim, tool, ctx, arguments)
@@ -238,6 +276,11 @@ def _as_decided(tool: Tool, arguments: Any, decided: Decided) -> tuple[Tool | No
     if decided.kind == "input":
         answered = decided.decision == "answered"
         return None, arguments, decided.answer if answered else NO_ANSWER, "", ""
+    if decided.kind == "child":
+        # The child's output, or why it has none (failed, cancelled: a tool error for the model).
+        if decided.decision == "answered":
+            return None, arguments, decided.answer, "", ""
+        return None, arguments, None, decided.reason or f"the child run ended {decided.decision}", ""
     approved = arguments
     if decided.approved_input is not None:
         try:

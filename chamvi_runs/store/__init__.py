@@ -20,21 +20,31 @@ Rules of ownership, on one screen:
   only with the Thread row locked (``thread_for``), and the prune deletes a thread, or the runs
   holding its history, only with that row locked (SKIP LOCKED, so it never waits, whatever it
   holds): a run being started never loses its thread.
+- A child run is inserted with the wait step that starts it (at most one per call, a constraint);
+  its settle, once committed, decides its parent's wait for it (``children.settle_into_parent``).
 - An effect tool's transaction holds the run's effect lock (``fence.effect_lock``, advisory), never
   its row, while the tool runs, and renews the lease, fenced, just before its commit. Claims and
   cancels only try that lock, and the lease keeper never touches it nor waits on a row
   (``renew_many``): on PostgreSQL no one waits for an effect tool.
 
 Modules: ``claims`` (claim, renew, count a model call), ``progress`` (steps, waits, settles),
-``steering`` (cancel, input, decisions), ``creating``, ``notifying``, ``effects``, ``pruning``
-(retention: ``manage.py chamvi_prune``, with ``references``: the artifacts runs still use); ``queries`` holds
-the read-only selections and ``fence`` the SQL pieces the writes share. This module is the face the
-runtime talks to: it satisfies ``core.ports.Store``.
+``steering`` (cancel, input, decisions), ``children`` (child runs), ``creating``, ``notifying``,
+``effects``, ``pruning`` (retention: ``manage.py chamvi_prune``, with ``references``: the artifacts
+runs still use); ``queries`` holds the read-only selections and ``fence`` the SQL pieces the
+writes share. This module is the face the runtime talks to: it satisfies ``core.ports.Store``.
 """
 
 from __future__ import annotations
 
 from ..core.records import CallRef, Claim, StepRecord, arguments_hash, hash_token
+from .children import (
+    active_children,
+    ancestors,
+    descendants,
+    is_below,
+    settle_into_parent,
+    settled_unannounced,
+)
 from .claims import claim, count_model_call, renew, renew_many, start_model_call
 from .connections import hand_back
 from .creating import create_run, thread_for
@@ -80,7 +90,9 @@ __all__ = [
     "PruneReport",
     "Retention",
     "StepRecord",
+    "active_children",
     "add_input",
+    "ancestors",
     "arguments_hash",
     "back_to_waiting",
     "cancel",
@@ -91,11 +103,13 @@ __all__ = [
     "create_run",
     "decide",
     "decided_calls",
+    "descendants",
     "effect_record",
     "fail_expired_wait",
     "hand_back",
     "hash_token",
     "history",
+    "is_below",
     "last_model_step",
     "lock_for_effect",
     "mark_notified",
@@ -114,6 +128,8 @@ __all__ = [
     "save_step",
     "save_step_and_count",
     "settle",
+    "settle_into_parent",
+    "settled_unannounced",
     "start_model_call",
     "take_notification",
     "thread_for",

@@ -20,6 +20,7 @@ from ..core.storable import storable
 from ..core.types import NO_USAGE, Message, Usage
 from ..models import Checkpoint, Run, RunInput, Step, WaitPoint
 from . import histories, step_sql
+from .children import start_children
 from .fence import db_now_plus, to, update_held
 from .queries import pending_inputs, waiting_inputs
 
@@ -184,8 +185,9 @@ def open_wait(
     stored: Stored | None = None,
 ) -> list[WaitPoint] | None:
     """Record the steps that ask (an approval, or questions of one model call: their wait steps are
-    among ``steps``), open a WaitPoint for each of ``waits``, move to ``waiting`` and release the
-    claim, atomically. None: a cancel was requested (it wins over the wait) or the claim is lost;
+    among ``steps``), open a WaitPoint for each of ``waits`` (with its child run, for a
+    delegation: ``children.start_children``), move to ``waiting`` and release the claim,
+    atomically. None: a cancel was requested (it wins over the wait) or the claim is lost;
     nothing was written. The returned wait points carry their raw token in memory only."""
     tokens = [secrets.token_urlsafe(32) for _ in waits]
     try:
@@ -204,6 +206,7 @@ def open_wait(
                 claim_owner=None,
                 claim_expires_at=None,
             )
+            children = start_children(claim, waits)
             created = []
             for wait, token in zip(waits, tokens, strict=True):
                 tool_input = storable(wait.input)
@@ -221,15 +224,21 @@ def open_wait(
                         editable=wait.editable,
                         answer_schema=wait.answer_schema,
                         client=wait.client,
+                        child=children.get(wait.call.position),
                         # The database's clock: hosts' clocks disagree, and expiry is decided in SQL.
-                        expires_at=db_now_plus(wait.ttl),
+                        # A child's wait ends when the child settles: it has no expiry of its own.
+                        expires_at=None if wait.kind == WaitPoint.Kind.CHILD else db_now_plus(wait.ttl),
                         token_hash=hash_token(token),
                     )
                 )
+            crash_point("before_step_commit")
     except _Refused:
         return None
+    crash_point("after_step_commit")
     for waitpoint, token in zip(created, tokens, strict=True):
-        waitpoint.refresh_from_db(fields=["expires_at", "created_at"])
+        if waitpoint.kind != WaitPoint.Kind.CHILD:
+            # Its expiry was computed by the database.
+            waitpoint.refresh_from_db(fields=["expires_at", "created_at"])
         waitpoint.token = token
     return created
 

@@ -73,15 +73,19 @@ def waiting_at(run_id: str, model_step: int, position: int) -> bool:
 
 def decided_calls(run_id: str, model_step: int) -> dict[int, Decided]:
     """Position -> decision of the calls of one model call an execution resumes with: approved
-    calls, and questions answered or expired. (A denied or expired approval is already answered in
-    the history.)"""
+    calls, questions answered or expired, and child runs settled. (A denied or expired approval is
+    already answered in the history.)"""
     rows = WaitPoint.objects.filter(run_id=run_id, model_step=model_step).filter(
         Q(decision=WaitPoint.Decision.APPROVED)
         | Q(kind=WaitPoint.Kind.INPUT, decision__in=[WaitPoint.Decision.ANSWERED, WaitPoint.Decision.EXPIRED])
+        | Q(kind=WaitPoint.Kind.CHILD, decision__in=[WaitPoint.Decision.ANSWERED, WaitPoint.Decision.FAILED])
     )
+    fields = ("call_position", "kind", "decision", "arguments_hash", "approved_input", "answer", "reason")
     return {
-        w.call_position: Decided(w.kind, w.decision or "", w.arguments_hash, w.approved_input, w.answer)
-        for w in rows.only("call_position", "kind", "decision", "arguments_hash", "approved_input", "answer")
+        w.call_position: Decided(
+            w.kind, w.decision or "", w.arguments_hash, w.approved_input, w.answer, w.reason
+        )
+        for w in rows.only(*fields)
     }
 
 
@@ -188,6 +192,7 @@ class Stuck(TextChoices):
     LEASE_EXPIRED = "lease_expired", "lease expired"
     QUEUED = "queued", "queued too long"
     APPROVAL_EXPIRED = "approval_expired", "approval expired"
+    CHILD_STUCK = "child_stuck", "waiting on a stuck child run"
 
 
 R = TypeVar("R", bound=Run)
@@ -205,6 +210,7 @@ def stuck_runs(runs: QuerySet[R], queued_after: timedelta) -> QuerySet[R]:
         run=OuterRef("pk"), decision__isnull=True, expires_at__lt=Now()
     )
     queued_before = ExpressionWrapper(Now() - Value(queued_after), output_field=DateTimeField())
+    stuck_child = _stuck_child(queued_before)
     stuck = (
         lease_expired()
         | (
@@ -212,24 +218,28 @@ def stuck_runs(runs: QuerySet[R], queued_after: timedelta) -> QuerySet[R]:
             & ~waits_for_elder("concurrency_key")
             & ~waits_for_elder("thread")
         )
-        | (Q(status=Status.WAITING) & Exists(expired_approval))
+        | (Q(status=Status.WAITING) & (Exists(expired_approval) | Exists(stuck_child)))
     )
-    # The filter leaves one reason per status.
+    # The filter leaves one reason per status (a waiting run: its expired approval, else its child).
     annotated = (
         runs.filter(stuck)
         .annotate(
             stuck_reason=Case(
                 When(status=Status.RUNNING, then=Value(Stuck.LEASE_EXPIRED.value)),
                 When(status=Status.QUEUED, then=Value(Stuck.QUEUED.value)),
-                default=Value(Stuck.APPROVAL_EXPIRED.value),
+                When(Exists(expired_approval), then=Value(Stuck.APPROVAL_EXPIRED.value)),
+                default=Value(Stuck.CHILD_STUCK.value),
                 output_field=CharField(),
             ),
             stuck_since=Case(
                 When(status=Status.RUNNING, then=F("claim_expires_at")),
                 When(status=Status.QUEUED, then=F("created_at")),
-                default=Subquery(expired_approval.values("expires_at")[:1]),
+                When(Exists(expired_approval), then=Subquery(expired_approval.values("expires_at")[:1])),
+                # Since it waits for the child (the child's own row says since when it is stuck).
+                default=Subquery(stuck_child.values("created_at")[:1]),
                 output_field=DateTimeField(),
             ),
+            stuck_child=Subquery(stuck_child.values("child_id")[:1]),
         )
         .annotate(stuck_for=ExpressionWrapper(Now() - F("stuck_since"), output_field=DurationField()))
     )
@@ -237,14 +247,42 @@ def stuck_runs(runs: QuerySet[R], queued_after: timedelta) -> QuerySet[R]:
     return cast("QuerySet[R]", annotated)
 
 
+def _stuck_child(queued_before: ExpressionWrapper) -> QuerySet[WaitPoint]:
+    """The open waits of a run (``OuterRef("pk")``) for a child run that is stuck itself: its lease
+    expired, queued too long, or waiting on an expired approval or, one level down, on a child
+    stuck the same way (delegation is at most ``MAX_CHILD_DEPTH`` deep; the deepest stuck run is
+    listed for itself)."""
+
+    def stuck(prefix: str) -> Q:
+        expired = WaitPoint.objects.filter(
+            run=OuterRef(f"{prefix}child"), decision__isnull=True, expires_at__lt=Now()
+        )
+        waiting_on_expiry = Q(**{f"{prefix}child__status": Status.WAITING}) & Q(Exists(expired))
+        return (
+            Q(**{f"{prefix}child__status": Status.RUNNING, f"{prefix}child__claim_expires_at__lt": Now()})
+            | Q(**{f"{prefix}child__status": Status.QUEUED, f"{prefix}child__created_at__lt": queued_before})
+            | waiting_on_expiry
+        )
+
+    grandchild = WaitPoint.objects.filter(
+        Q(run=OuterRef("child"), kind=WaitPoint.Kind.CHILD, decision__isnull=True) & stuck("")
+    )
+    return WaitPoint.objects.filter(
+        Q(run=OuterRef("pk"), kind=WaitPoint.Kind.CHILD, decision__isnull=True)
+        & (stuck("") | (Q(child__status=Status.WAITING) & Exists(grandchild)))
+    )
+
+
 def unnotified_waitpoints() -> list[WaitPoint]:
     """Open wait points whose notifier has not returned yet and may be called now (none in flight,
-    not backing off)."""
+    not backing off). A child run's wait asks nobody: it is never notified."""
     return list(
         WaitPoint.objects.filter(
             Q(next_notify_at__isnull=True) | Q(next_notify_at__lte=Now()),
             decision__isnull=True,
             notified_at__isnull=True,
             run__status=Status.WAITING,
-        ).select_related("run")[:500]
+        )
+        .exclude(kind=WaitPoint.Kind.CHILD)
+        .select_related("run")[:500]
     )

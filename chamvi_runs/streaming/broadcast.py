@@ -10,6 +10,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from .. import signals
@@ -322,11 +323,15 @@ writer = EventWriter()
 
 class ChannelsBroadcaster:
     """Publishes a run's events to its group and, for a run of a thread, the thread's (``thread``
-    in ``scope``: the run's own ``thread`` and ``scope``)."""
+    in ``scope``: the run's own ``thread`` and ``scope``). A child run's (SPEC §13) also go to the
+    groups of the runs above it, ``ancestors`` (nearest first), and ``thread`` is its topmost
+    ancestor's: whoever follows a parent sees its children; each event names its
+    ``parent_run_id``."""
 
-    def __init__(self, thread: str | None = None, scope: str = "") -> None:
+    def __init__(self, thread: str | None = None, scope: str = "", ancestors: Sequence[str] = ()) -> None:
         self.thread = thread
         self.scope = scope
+        self.ancestors = list(ancestors)
         self.log = event_log()
         self._groups: dict[str, list[str]] = {}
 
@@ -335,8 +340,12 @@ class ChannelsBroadcaster:
         groups of the run and its thread. Never raises: events are not worth failing a run."""
         groups = self._groups.get(run_id)
         if groups is None:  # named once per run, not hashed again for every delta
-            groups = [run_group(run_id)] + ([thread_group(self.thread, self.scope)] if self.thread else [])
+            groups = [run_group(run_id), *(run_group(a) for a in self.ancestors)]
+            if self.thread:
+                groups.append(thread_group(self.thread, self.scope))
             self._groups[run_id] = groups
+        if self.ancestors:
+            event = {**event, "parent_run_id": self.ancestors[0]}
         writer.submit(self.log, run_id, {**event, "run_id": run_id}, groups)
 
     def flush(self) -> None:

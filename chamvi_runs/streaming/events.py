@@ -33,13 +33,20 @@ Event = dict[str, Any]
 _RUNNING = Status.RUNNING.value
 
 
-def run_start(*, replaces: str | None, replaced_by: str | None, forked_from: dict[str, Any] | None) -> Event:
+def run_start(
+    *,
+    replaces: str | None,
+    replaced_by: str | None,
+    forked_from: dict[str, Any] | None,
+    parent: dict[str, Any] | None = None,
+) -> Event:
     return {
         "type": RUN_START,
         "status": _RUNNING,
         "replaces": replaces,
         "replaced_by": replaced_by,
         "forked_from": forked_from,
+        "parent": parent,
     }
 
 

@@ -84,7 +84,7 @@ from .events import (
     tool_call,
     tool_result,
 )
-from .serializers import decision_json, lineage, run_end_event, waiting_event
+from .serializers import decision_json, lineage, parent_call, run_end_event, waiting_event
 
 # How long after its settle a run's own run.end may still be on its way (the settling process's
 # events writer may be behind, waiting for the channel layer) before a stream stores it instead.
@@ -257,16 +257,23 @@ def rebuild(run: Run) -> Rebuild:
     if first:
         truncated, steps = True, steps[first:]
         stepped = _step_events(steps, inputs, decisions)
-    events: list[Event] = [run_start(**lineage(run)), *stepped]
+    events: list[Event] = [run_start(**lineage(run), parent=parent_call(run)), *stepped]
     waits = (
-        list(run.waitpoints.filter(decision__isnull=True).order_by("call_position"))
+        # A child run's wait asks nobody: viewers follow the child (``children`` of the run's JSON).
+        list(
+            run.waitpoints.filter(decision__isnull=True)
+            .exclude(kind=WaitPoint.Kind.CHILD)
+            .order_by("call_position")
+        )
         if run.status == Status.WAITING
         else []
     )
     events.extend(run_waiting(**waiting_event(w)) for w in waits)
     if run.finished_at is not None:
         events.append(run_end_event(run))
-    events = [{**event, "run_id": run.pk} for event in events]
+    # A child run's events name its parent, as its live ones do (``ChannelsBroadcaster``).
+    family = {"run_id": run.pk, "parent_run_id": run.parent_id} if run.parent_id else {"run_id": run.pk}
+    events = [{**event, **family} for event in events]
     first_step = steps[0].index if steps else 0
     marker = replay_truncated(run_id=run.pk, status=run.status, from_step=first_step)
     return Rebuild(

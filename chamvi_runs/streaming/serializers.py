@@ -179,6 +179,7 @@ def run_json(run: Run, *, viewer: Any, window: StepWindow | None = None) -> dict
         "started_at": _iso(run.started_at),
         "finished_at": _iso(run.finished_at),
         **lineage(run),
+        **family(run),
     }
     if internals:
         # hostname:pid of the worker holding the claim: a map of the site's machines.
@@ -212,6 +213,28 @@ def branch_run_json(run: Run) -> dict[str, Any]:
     }
 
 
+def family(run: Run) -> dict[str, Any]:
+    """Delegation (SPEC §13): the call of the parent run that started this one (``parent``), and the
+    child runs this one started, by the call that started each, with their statuses."""
+    children = Run.objects.filter(parent_id=run.pk).order_by("parent_step", "parent_position")
+    return {
+        "parent": parent_call(run),
+        "children": [
+            {
+                "id": child.pk,
+                "agent": child.agent,
+                "status": child.status,
+                "step": child.parent_step,
+                "position": child.parent_position,
+                "usage": {"input_tokens": child.input_tokens, "output_tokens": child.output_tokens},
+            }
+            for child in children.only(
+                "agent", "status", "parent_step", "parent_position", "input_tokens", "output_tokens"
+            )
+        ],
+    }
+
+
 def lineage(run: Run) -> dict[str, Any]:
     """Where the run stands among the runs of its thread (SPEC §12): the run it regenerates or
     resends (``replaces``), the newest run that does so to it (``replaced_by``), and the run and
@@ -225,14 +248,22 @@ def lineage(run: Run) -> dict[str, Any]:
     }
 
 
+def parent_call(run: Run) -> dict[str, Any] | None:
+    """A child run's parent and the call that started it (SPEC §13); None for any other run."""
+    if run.parent_id is None:
+        return None
+    return {"run_id": run.parent_id, "step": run.parent_step, "position": run.parent_position}
+
+
 def start_lineage(run: Run) -> dict[str, Any]:
     """What a live ``run.start`` says of the run's place in its thread (``lineage``), without a
-    query: a run that starts is replaced by nothing yet."""
+    query (a run that starts is replaced by nothing yet), and a child run's parent call."""
     forked = run.base_id is not None and run.replaces_id is None
     return {
         "replaces": run.replaces_id,
         "replaced_by": None,
         "forked_from": {"run_id": run.base_id, "step": run.base_step} if forked else None,
+        "parent": parent_call(run),
     }
 
 

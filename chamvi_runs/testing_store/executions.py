@@ -17,6 +17,7 @@ from ..core.states import CLAIMABLE, TERMINAL, Status, sources_of
 from ..core.storable import storable
 from ..core.types import NO_USAGE, Message, Usage
 from ..models import Run, RunInput, Step, WaitPoint
+from ..store.children import envelope
 from ..store.histories import parts, stored_parts, writes_whole
 from ..store.progress import CLOSED_AT_END
 from . import histories
@@ -259,6 +260,7 @@ class ExecutionWrites(Reads):
                     claim_owner=None,
                     claim_expires_at=None,
                 )
+                children = self._start_children(claim, waits)
                 created = []
                 for wait, token in zip(waits, tokens, strict=True):
                     tool_input = as_stored(storable(wait.input))
@@ -276,7 +278,8 @@ class ExecutionWrites(Reads):
                         editable=wait.editable,
                         answer_schema=as_stored(wait.answer_schema),
                         client=wait.client,
-                        expires_at=self._now + wait.ttl,
+                        child_id=children.get(wait.call.position),
+                        expires_at=None if wait.kind == WaitPoint.Kind.CHILD else self._now + wait.ttl,
                         token_hash=hash_token(token),
                         created_at=self._stamp(),
                     )
@@ -291,6 +294,31 @@ class ExecutionWrites(Reads):
             mine.token = token
             out.append(mine)
         return out
+
+    def _start_children(self, claim: Claim, waits: list[WaitRequest]) -> dict[int, str]:
+        """``children.start_children``, inside ``_atomic``: position -> id of the queued child run."""
+        parent = self._tables.runs[claim.run_id]
+        children = {}
+        for wait in waits:
+            if wait.kind != WaitPoint.Kind.CHILD or wait.delegate is None:
+                continue
+            now = self._stamp()
+            child = Run(
+                agent=wait.delegate,
+                status=Status.QUEUED.value,
+                trigger=as_stored(envelope(storable(wait.input))),
+                scope=parent.scope,
+                created_by_id=parent.created_by_id,
+                parent_id=parent.pk,
+                parent_step=wait.call.model_step,
+                parent_position=wait.call.position,
+                depth=parent.depth + 1,
+                created_at=now,
+                updated_at=now,
+            )
+            self._tables.runs[child.pk] = child
+            children[wait.call.position] = child.pk
+        return children
 
     def back_to_waiting(self, claim: Claim) -> bool:
         """False: a cancel was requested (it wins), or the claim is lost; nothing written."""

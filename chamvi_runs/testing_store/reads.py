@@ -21,6 +21,18 @@ class Reads(Database):
         with self._lock:
             return copy.deepcopy(self._row(run_id))
 
+    def ancestors(self, run: Run) -> tuple[list[str], str | None, str]:
+        """``children.ancestors``: the runs above ``run``, nearest first, and the topmost's thread
+        and scope."""
+        with self._lock:
+            above: list[str] = []
+            thread, scope, parent_id = run.thread, run.scope, run.parent_id
+            while parent_id is not None and parent_id not in above and parent_id in self._tables.runs:
+                parent = self._tables.runs[parent_id]
+                above.append(parent_id)
+                thread, scope, parent_id = parent.thread, parent.scope, parent.parent_id
+            return above, thread, scope
+
     def checkpoint(self, run_id: str) -> tuple[list[Message], int] | None:
         return self.history(run_id)
 
@@ -67,10 +79,12 @@ class Reads(Database):
         )
 
     def decided_calls(self, run_id: str, model_step: int) -> dict[int, Decided]:
-        """Approved calls, and questions answered or expired (a denied or expired approval is
-        answered in the history already)."""
+        """Approved calls, questions answered or expired, child runs settled (a denied or expired
+        approval is answered in the history already)."""
         return {
-            w.call_position: Decided(w.kind, w.decision or "", w.arguments_hash, w.approved_input, w.answer)
+            w.call_position: Decided(
+                w.kind, w.decision or "", w.arguments_hash, w.approved_input, w.answer, w.reason
+            )
             for w in self.waitpoints(run_id)
             if w.model_step == model_step
             and (
@@ -78,6 +92,10 @@ class Reads(Database):
                 or (
                     w.kind == WaitPoint.Kind.INPUT
                     and w.decision in (WaitPoint.Decision.ANSWERED, WaitPoint.Decision.EXPIRED)
+                )
+                or (
+                    w.kind == WaitPoint.Kind.CHILD
+                    and w.decision in (WaitPoint.Decision.ANSWERED, WaitPoint.Decision.FAILED)
                 )
             )
         }

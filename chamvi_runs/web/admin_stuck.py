@@ -71,6 +71,8 @@ class StuckRunAdmin(Storable, ReadOnly, admin.ModelAdmin):
             return f"lease expired {span} ago (worker {_worker(run.claim_owner)})"
         if run.stuck_reason == Stuck.QUEUED:
             return f"queued {span}"
+        if run.stuck_reason == Stuck.CHILD_STUCK:
+            return f"waiting {span} for child run {run.stuck_child}, which is stuck"
         return f"approval expired {span} ago"
 
     def has_requeue_permission(self, request: HttpRequest) -> bool:

@@ -43,6 +43,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.contrib.auth.models import AnonymousUser
 from django.db import close_old_connections
 
+from .. import store
 from ..models import Run
 from ..modes import mode
 from ..policy import policy
@@ -51,7 +52,7 @@ from ..streaming.cursor import Cursor, Reread, drops
 from ..streaming.replay import end_lost, missed_after, replay_for
 from .socket_auth import current_user, refused_token, subprotocol
 from .socket_commands import MAX_DEPTH, answer, error, malformed
-from .socket_query import BadQuery, after_of, query_of
+from .socket_query import BadQuery, after_of, query_of, resume_of
 
 logger = logging.getLogger(__name__)
 
@@ -136,9 +137,28 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         return None if self._watchable() else FORBIDDEN
 
     async def _after(self) -> dict[str, int] | None:
-        """The seq to replay after of this socket's run, or None for a query whose ``after`` is not a
-        seq: the client is told, and the socket closed."""
-        return await self._query(lambda query: {self.run_id: after_of(query)})
+        """The seq to replay after of this socket's run and of the runs below it (its child runs,
+        SPEC §13: after their ``resume`` seq, else from their start), or None for a query whose
+        ``after`` or ``resume`` is not valid: the client is told, and the socket closed."""
+        seqs = await self._query(lambda query: (after_of(query), resume_of(query)))
+        if seqs is None:
+            return None
+        after, resume = seqs
+        below = await database_sync_to_async(self._family)()
+        return {self.run_id: after, **{run_id: resume.get(run_id, 0) for run_id in below}}
+
+    def _family(self) -> list[str]:
+        """The runs below this socket's run that its user may view; ``below`` remembers each."""
+        runs = Run.objects.filter(pk__in=store.descendants(self.run_id))
+        self.below = {run.pk: bool(policy().can_view(self.viewer, run)) for run in runs}
+        return [run_id for run_id, visible in self.below.items() if visible]
+
+    def _below(self, run_id: str) -> bool:
+        """A run this socket's run delegated to, directly or not, that its user may view."""
+        run = Run.objects.filter(pk=run_id).first()
+        return (
+            run is not None and store.is_below(run, self.run_id) and bool(policy().can_view(self.viewer, run))
+        )
 
     async def _query(self, read: Callable[[dict[str, list[str]]], T]) -> T | None:
         try:
@@ -183,6 +203,16 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
 
     async def chamvi_event(self, message: dict[str, Any]) -> None:
         for event in events_of(message):
+            run_id = event.get("run_id", "")
+            if run_id != self.run_id:
+                # A child run's event (its parent_run_id names this run or one below it): one
+                # started after this socket connected is looked up once.
+                if run_id not in self.below:
+                    self.below[run_id] = await database_sync_to_async(self._below)(run_id)
+                    if self.below[run_id]:
+                        self.cursor.follow(run_id)
+                if not self.below[run_id]:
+                    continue
             await self._deliver(event)
 
     async def _deliver(self, event: dict[str, Any]) -> None:
@@ -311,7 +341,8 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         return Run.objects.filter(pk=self.run_id).first()
 
     def _covers(self, run: Run) -> bool:
-        return run.pk == self.run_id
+        # A child run's approvals and questions are decided from its parent's socket too.
+        return run.pk == self.run_id or store.is_below(run, self.run_id)
 
     def _shows(self, run: Run) -> bool:
         return self._covers(run) and bool(policy().can_view(self.viewer, run))

@@ -7,6 +7,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from django.db.models import Q, QuerySet
 
+from .. import store
 from ..core.storable import unstorable
 from ..models import Run
 from ..policy import policy
@@ -43,6 +44,9 @@ class ThreadConsumer(RunConsumer):
         after, resume = seqs
         self.visible: dict[str, bool] = await database_sync_to_async(self._visibility)(resume)
         runs = {run_id: resume.get(run_id, after) for run_id, visible in self.visible.items() if visible}
+        # The child runs of those runs (SPEC §13), from their start unless the client resumes them.
+        for child in await database_sync_to_async(self._children_of)(list(runs)):
+            runs[child] = resume.get(child, 0)
         await self._open([thread_group(self.thread, scope) for scope in self.scopes], runs)
 
     def _followed(self) -> list[str]:
@@ -87,6 +91,13 @@ class ThreadConsumer(RunConsumer):
             if self.visible[run_id]:
                 await self._deliver(event)
 
+    def _children_of(self, run_ids: list[str]) -> list[str]:
+        """The runs below ``run_ids`` its user may view (``visible`` remembers each)."""
+        below = store.descendants(*run_ids)
+        for run in Run.objects.filter(pk__in=below):
+            self.visible[run.pk] = bool(policy().can_view(self.viewer, run))
+        return [pk for pk in below if self.visible.get(pk)]
+
     def _target(self, content: dict[str, Any]) -> Run | None:
         """A steering message on a thread socket names its run, which must be of this thread."""
         run_id = content.get("run_id")
@@ -95,4 +106,8 @@ class ThreadConsumer(RunConsumer):
         return self._of_thread().filter(pk=run_id).first()
 
     def _covers(self, run: Run) -> bool:
+        if run.parent_id is not None:
+            # A child run has no thread: it is of the thread of the run at the top of its family.
+            _above, thread, scope = store.ancestors(run)
+            return thread == self.thread and scope in self.scopes
         return run.thread == self.thread and run.scope in self.scopes

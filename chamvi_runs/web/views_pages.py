@@ -60,7 +60,7 @@ APPROVALS_PER_PAGE = 50
 # What the approvals page reads of an approval and its run (and its creator's name): a policy that
 # reads more of the run loads it for each of the page's rows.
 APPROVAL_COLUMNS: tuple[str, ...] = ("approval_id", "run", "tool_name", "input", "expires_at", "created_at")
-APPROVAL_COLUMNS += ("editable", "run__agent", "run__status", "run__created_by")
+APPROVAL_COLUMNS += ("editable", "run__agent", "run__status", "run__created_by", "run__parent")
 
 
 def _open_waits(run: Run) -> list[dict[str, Any]]:
@@ -69,7 +69,8 @@ def _open_waits(run: Run) -> list[dict[str, Any]]:
     if run.status != Status.WAITING:
         return []
     opened = run.waitpoints.filter(decision__isnull=True).order_by("model_step", "call_position", "pk")
-    return [open_wait(w) for w in opened]
+    # A child run's wait is decided by the child, not on this page.
+    return [open_wait(w) for w in opened.exclude(kind=WaitPoint.Kind.CHILD)]
 
 
 def _posted(request: HttpRequest, name: str) -> str:

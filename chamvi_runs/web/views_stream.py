@@ -33,9 +33,11 @@ from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import connections
 from django.http import HttpRequest, StreamingHttpResponse
 
+from .. import store
 from ..core.numbers import ascii_int
 from ..core.states import TERMINAL
 from ..models import Run
+from ..policy import policy
 from ..streaming.broadcast import events_of, publisher, run_group
 from ..streaming.cursor import QUIET_SECONDS, Cursor, Reread
 from ..streaming.events import RUN_END
@@ -56,7 +58,11 @@ T = TypeVar("T")
 @api_view("GET")
 def run_stream(request: HttpRequest, run_id: str) -> StreamingHttpResponse:
     run = _run_for(request, run_id)
-    response = StreamingHttpResponse(_events(run.pk, _after(request)), content_type="text/event-stream")
+    family = _Family(run.pk, request.user)
+    family.look()
+    response = StreamingHttpResponse(
+        _events(run.pk, _after(request), family), content_type="text/event-stream"
+    )
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response
@@ -97,6 +103,33 @@ def _opening(run_id: str, after: int) -> tuple[list[dict[str, Any]], dict[str, A
     whether the run had settled (or was gone) before it."""
     settled = _settled(run_id)
     return *replay_for(run_id, after), settled
+
+
+class _Family:
+    """The runs below the stream's run (its child runs, SPEC §13) that its viewer may view: their
+    events come on the run's group too, from their start."""
+
+    def __init__(self, run_id: str, viewer: Any) -> None:
+        self.run_id = run_id
+        self.viewer = viewer
+        self.below: dict[str, bool] = {}
+
+    def look(self) -> list[str]:
+        """The visible runs below, as they are now."""
+        for run in Run.objects.filter(pk__in=store.descendants(self.run_id)):
+            self.below[run.pk] = bool(policy().can_view(self.viewer, run))
+        return [run_id for run_id, visible in self.below.items() if visible]
+
+    def shows(self, run_id: str) -> bool:
+        """Whether a run whose event came on the group is one below, visible to the viewer."""
+        if run_id not in self.below:
+            run = Run.objects.filter(pk=run_id).first()
+            self.below[run_id] = (
+                run is not None
+                and store.is_below(run, self.run_id)
+                and bool(policy().can_view(self.viewer, run))
+            )
+        return self.below[run_id]
 
 
 def _read(reread: Reread) -> list[dict[str, Any]]:
@@ -157,17 +190,18 @@ class _Follower:
                 logger.warning("SSE: could not leave %s", self.group, exc_info=True)
 
 
-def _frames(events: list[dict[str, Any]]) -> list[str]:
-    """The frames of ``events``, up to the run's end: the stream ends there."""
+def _frames(events: list[dict[str, Any]], run_id: str) -> list[str]:
+    """The frames of ``events``, up to the end of ``run_id``: the stream ends there (a child run's
+    end is one more event)."""
     frames = []
     for event in events:
         frames.append(_frame(event))
-        if event.get("type") == RUN_END:
+        if event.get("type") == RUN_END and event.get("run_id") == run_id:
             break
     return frames
 
 
-async def _events(run_id: str, after: int) -> AsyncIterator[str]:
+async def _events(run_id: str, after: int, family: _Family) -> AsyncIterator[str]:
     # The view's connection, opened in this request's thread, would stay open until the response
     # ends: close it now.
     await sync_to_async(connections.close_all)()
@@ -179,10 +213,17 @@ async def _events(run_id: str, after: int) -> AsyncIterator[str]:
         await follower.join()
         loop = asyncio.get_running_loop()
         # What is sent, and what to read from the buffer (the websocket's rules: streaming/cursor.py).
-        cursor = Cursor({run_id: after}, loop.time())
+        below = [child for child, visible in family.below.items() if visible]
+        cursor = Cursor({run_id: after, **dict.fromkeys(below, 0)}, loop.time())
+        # The children first: the stream ends with its own run's run.end.
+        for child in below:
+            replayed, held = await _briefly(replay_for, child, 0)
+            cursor.know(held)
+            for frame in _frames(cursor.take(replayed), run_id):
+                yield frame
         events, held, settled = await _briefly(_opening, run_id, after)
         cursor.know(held)
-        for frame in _frames(cursor.take(events)):
+        for frame in _frames(cursor.take(events), run_id):
             yield frame
         now = loop.time()
         spoke = checked = now
@@ -196,6 +237,13 @@ async def _events(run_id: str, after: int) -> AsyncIterator[str]:
             sent: list[dict[str, Any]] = []
             try:
                 for event in live or []:
+                    other = event.get("run_id", "")
+                    if other != run_id and other not in cursor.last:
+                        if not await _briefly(family.shows, other):
+                            continue
+                        cursor.follow(other)
+                    elif other != run_id and not family.below.get(other, False):
+                        continue
                     reread = cursor.before_live(event)
                     if reread is not None:
                         sent += cursor.repaired(reread, await _briefly(_read, reread))
@@ -211,7 +259,7 @@ async def _events(run_id: str, after: int) -> AsyncIterator[str]:
                     settled_at = now if await _briefly(_settled, run_id) else None
             except Exception:  # Redis or the database hiccuped: try again at the next quiet time
                 logger.warning("SSE: could not read run %s", run_id, exc_info=True)
-            frames = _frames(sent)
+            frames = _frames(sent, run_id)
             for frame in frames:
                 yield frame
             if frames:
@@ -226,7 +274,7 @@ async def _events(run_id: str, after: int) -> AsyncIterator[str]:
                 except Exception:  # Redis or the database hiccuped: the client reconnects
                     logger.warning("SSE: could not read run %s", run_id, exc_info=True)
                     return
-                for frame in _frames(cursor.take(ended)):
+                for frame in _frames(cursor.take(ended), run_id):
                     yield frame
                 return
             elif now >= spoke + KEEPALIVE_SECONDS:

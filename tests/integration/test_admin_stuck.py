@@ -219,3 +219,27 @@ def test_the_requeue_action_needs_the_requeue_permission(queue):
     assert not queue.get_job_ids()
 
     assert 'value="requeue_runs"' in _requeuer().get(STUCK).content.decode()
+
+
+def test_a_parent_waiting_on_a_stuck_child_is_listed_with_the_child(server, root_client):
+    """The child's worker died (its lease expired): the child is stuck, and so is the parent that
+    waits for it, which says which child; a parent whose child is healthy is not listed."""
+    server.script(
+        "m-triage",
+        [Reply(tool_call(f"c{n}", "billing", '{"task": "refund"}'), finish("tool_calls")) for n in range(2)],
+    )
+    stuck_parent = execute(start_run("triage", "x"))
+    healthy_parent = execute(start_run("triage", "y"))
+    (dead,) = Run.objects.filter(parent=stuck_parent)
+    (alive,) = Run.objects.filter(parent=healthy_parent)
+    dead = _held(dead)
+    Run.objects.filter(pk=dead.pk).update(claim_expires_at=_ago(minutes=5))
+    _held(alive)
+
+    rows = _rows(root_client.get(STUCK).content.decode())
+    assert set(rows) == {dead.pk, stuck_parent.pk}
+    assert "lease expired 5 min ago" in rows[dead.pk]
+    assert f"for child run {dead.pk}, which is stuck" in rows[stuck_parent.pk]
+    assert set(_rows(root_client.get(STUCK, {"reason": "child_stuck"}).content.decode())) == {stuck_parent.pk}
+    for run in Run.objects.exclude(status__in=["completed", "failed", "cancelled"]):
+        cancel_run(run.pk)

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
+from chamvi_runs.errors import ToolArgumentsError
 from tests.docsamples import ROOT, all_blocks, block, load_module
 from tests.docsamples.myapp import installed
 from tests.docsamples.site import check_clean, create_site, run, site_env
@@ -37,6 +38,7 @@ RUNNERS = [
     ROOT / "tests" / "integration" / "test_docs_first_hour.py",
     ROOT / "tests" / "system" / "test_docs_conversation.py",
     ROOT / "tests" / "integration" / "test_websocket_token.py",
+    ROOT / "tests" / "integration" / "test_docs_delegation.py",
     ROOT / "tests" / "docsamples" / "site.py",
     ROOT / "tests" / "docsamples" / "myapp.py",
     ROOT / "tests" / "system" / "multihost" / "test_multihost.py",
@@ -269,6 +271,15 @@ def test_agents_sample_uses_and_documents_every_agent_parameter() -> None:
             "refunded": True,
             "summary": "ok",
         }
+        # Delegated to, it takes what its input schema says, and refuses a call without it.
+        delegated = agent.as_tool()
+        assert delegated.schema()["function"]["parameters"]["required"] == ["order_id"]
+        assert delegated.validate('{"order_id": "o-7", "note": "broken"}') == {
+            "order_id": "o-7",
+            "note": "broken",
+        }
+        with pytest.raises(ToolArgumentsError, match="order_id"):
+            delegated.validate('{"note": "broken"}')
     finally:
         registry.unregister("careful_support")
         sys.modules.pop("docs_agents_sample", None)

@@ -28,7 +28,7 @@ WRITE = ".venv/bin/python -m chamvi_runs.streaming.vocabulary --write"
 REFUND = '{"order_id": "o-1", "amount_cents": 500}'
 ENVELOPE = frozenset({"type", "run_id", "seq"})
 # The named types of client.d.ts that events carry, checked as the JSON they are.
-OBJECTS = {"Usage", "RunError", "Decision", "ForkPoint"}
+OBJECTS = {"Usage", "RunError", "Decision", "ForkPoint", "ParentCall"}
 
 
 def _matches(value: Any, ts: str) -> bool:
@@ -70,7 +70,9 @@ def violations(event: dict[str, Any]) -> list[str]:
         problems.append(f"{entry.type} lacks {sorted(missing)}")
     if extra := keys - entry.allowed:
         problems.append(f"{entry.type} has fields the vocabulary does not list: {sorted(extra)}")
-    types = {"run_id": "string", "seq": "number"} | {f.name: f.ts for f in entry.fields}
+    types = {"run_id": "string", "seq": "number", "parent_run_id": "string"} | {
+        f.name: f.ts for f in entry.fields
+    }
     for name, ts in types.items():
         if name in event and not _matches(event[name], ts):
             problems.append(f"{entry.type}.{name} = {event[name]!r} is not a {ts}")
@@ -182,6 +184,26 @@ def test_the_events_of_real_runs_live_and_rebuilt_keep_to_the_vocabulary(server,
     assert failed.status == "failed"
     sources["failed run"] = events(failed)
 
+    # A child run (delegation): every event of it names its parent.
+    server.script(
+        "m-triage",
+        [
+            Reply(tool_call("d1", "billing", '{"task": "refund"}'), finish("tool_calls")),
+            Reply(text("ok"), finish("stop")),
+        ],
+    )
+    server.script("m-billing", [Reply(text("Refunded."), finish("stop"))])
+    delegating = execute(start_run("triage", "x"))
+    child = execute(Run.objects.get(parent=delegating))
+    assert execute(Run.objects.get(pk=delegating.pk)).status == "completed"
+    sources["child run"] = events(child)
+    sources["child run, from its steps"] = events_from_steps(child)
+    assert all(
+        e["parent_run_id"] == delegating.pk
+        for e in sources["child run"] + sources["child run, from its steps"]
+    )
+    sources["its parent"] = events(delegating)
+
     for label, run in (
         ("tools", tools),
         ("approved", approved),
@@ -201,7 +223,10 @@ def test_the_events_of_real_runs_live_and_rebuilt_keep_to_the_vocabulary(server,
     )
     # Optional fields included: a field no event ever carries is an entry the server never sends.
     fields = {(event["type"], key) for event in seen for key in event}
-    listed = {(entry.type, name) for entry in vocabulary.EVENTS for name in entry.allowed}
+    # ``parent_run_id`` is of the envelope, on every event of a child run (checked above).
+    listed = {
+        (entry.type, name) for entry in vocabulary.EVENTS for name in entry.allowed if name != "parent_run_id"
+    }
     assert listed <= fields, f"fields never sent: {sorted(listed - fields)}"
     # The cases these runs exist for, so that a change of scenario cannot quietly skip one.
     kinds = {event["kind"] for event in seen if event["type"] == "delta"}

@@ -176,3 +176,28 @@ def gated_wait(ctx) -> str:
 
 gated_effects = _agent("gated_effects", tools=[gated_refund])
 gated = _agent("gated", tools=[gated_wait])
+
+
+# Delegation (SPEC §13): a triage agent hands tasks to billing (whose refunds need approval), to a
+# researcher that declares its own input, and to a judge whose structured output may not fit; a
+# chain of three for the depth cap.
+class Topic(pydantic.BaseModel):
+    topic: str
+    sources: int = 1
+
+
+billing = _agent("billing", tools=TOOLS, approvals={"refund": True})
+researcher = _agent("researcher", tools=[add], input=Topic)
+triage = _agent(
+    "triage",
+    tools=[
+        billing,
+        researcher.as_tool(name="research", description="Research a topic."),
+        structured.as_tool(name="judge"),
+        add,
+    ],
+)
+triage_limited = _agent("triage_limited", tools=[billing], budget=Budget(max_tokens=50))
+chain_c = _agent("chain_c", tools=[add])
+chain_b = _agent("chain_b", tools=[chain_c])
+chain_a = _agent("chain_a", tools=[chain_b])

@@ -110,7 +110,9 @@ def harness(monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
     model = ScriptedModel(script)
     h = Harness(InMemoryStore(), script, Recorder())
     monkeypatch.setattr(model_step, "model", lambda: model)
-    monkeypatch.setattr(engine, "ChannelsBroadcaster", lambda thread=None, scope="": h.broadcaster)
+    monkeypatch.setattr(
+        engine, "ChannelsBroadcaster", lambda thread=None, scope="", ancestors=(): h.broadcaster
+    )
     monkeypatch.setattr(
         fenced_writes,
         "announce_settled",

@@ -10,12 +10,15 @@ export interface Usage { input_tokens: number; output_tokens: number; }
 export interface RunError { code: string; message: string; }
 /** Where a fork started: after step `step` of `run_id` (-1: the history that run started from). */
 export interface ForkPoint { run_id: string; step: number; }
+/** A child run's parent, and its call that started the child: the model call's step and the
+    call's position in it. */
+export interface ParentCall { run_id: string; step: number; position: number; }
 export interface Decision {
   approval_id: string;
-  kind: "approval" | "input";
+  kind: "approval" | "input" | "child";
   tool_name: string;
   input: Json;
-  decision: "approved" | "denied" | "expired" | "cancelled" | "answered";
+  decision: "approved" | "denied" | "expired" | "cancelled" | "answered" | "failed";
   decided_by: string | null;
   decided_at: string | null;
   reason: string;
@@ -28,15 +31,20 @@ export interface RunStartEvent {
   type: "run.start";
   run_id: string;
   seq: number;
+  /** A child run's event: the run that delegated to it. */
+  parent_run_id?: string;
   status: RunStatus;
   replaces: string | null;
   replaced_by: string | null;
   forked_from: ForkPoint | null;
+  parent: ParentCall | null;
 }
 export interface RunResumeEvent {
   type: "run.resume";
   run_id: string;
   seq: number;
+  /** A child run's event: the run that delegated to it. */
+  parent_run_id?: string;
   status: RunStatus;
   decision?: Decision;
 }
@@ -44,6 +52,8 @@ export interface InputEvent {
   type: "input";
   run_id: string;
   seq: number;
+  /** A child run's event: the run that delegated to it. */
+  parent_run_id?: string;
   step: number;
   input_id: string;
   payload: Json;
@@ -52,6 +62,8 @@ export interface StepStartEvent {
   type: "step.start";
   run_id: string;
   seq: number;
+  /** A child run's event: the run that delegated to it. */
+  parent_run_id?: string;
   step: number;
   attempt: number;
 }
@@ -59,6 +71,8 @@ export interface DeltaEvent {
   type: "delta";
   run_id: string;
   seq: number;
+  /** A child run's event: the run that delegated to it. */
+  parent_run_id?: string;
   step: number;
   attempt: number;
   kind: "text" | "reasoning";
@@ -68,6 +82,8 @@ export interface StepEndEvent {
   type: "step.end";
   run_id: string;
   seq: number;
+  /** A child run's event: the run that delegated to it. */
+  parent_run_id?: string;
   step: number;
   attempt: number;
   finish_reason: string | null;
@@ -76,6 +92,8 @@ export interface ToolCallEvent {
   type: "tool.call";
   run_id: string;
   seq: number;
+  /** A child run's event: the run that delegated to it. */
+  parent_run_id?: string;
   step: number;
   tool_call_id: string | null;
   name: string;
@@ -85,6 +103,8 @@ export interface ToolResultEvent {
   type: "tool.result";
   run_id: string;
   seq: number;
+  /** A child run's event: the run that delegated to it. */
+  parent_run_id?: string;
   step: number;
   tool_call_id: string | null;
   name: string;
@@ -95,6 +115,8 @@ export interface RunWaitingEvent {
   type: "run.waiting";
   run_id: string;
   seq: number;
+  /** A child run's event: the run that delegated to it. */
+  parent_run_id?: string;
   approval_id: string;
   kind: "approval" | "input";
   tool_name: string;
@@ -109,6 +131,8 @@ export interface RunEndEvent {
   type: "run.end";
   run_id: string;
   seq: number;
+  /** A child run's event: the run that delegated to it. */
+  parent_run_id?: string;
   status: RunStatus;
   output: Json;
   error: RunError | null;
@@ -120,6 +144,8 @@ export interface ReplayTruncatedEvent {
   type: "replay.truncated";
   run_id: string;
   seq: number;
+  /** A child run's event: the run that delegated to it. */
+  parent_run_id?: string;
   status: RunStatus;
   from_step: number;
 }
@@ -344,7 +370,25 @@ export declare class RunState {
   replaced_by: string | null;
   /** Where the run was forked from (`from_step`), or null. */
   forked_from: ForkPoint | null;
+  /** A child run's parent and the call that started it (its run.start says the call: `step` and
+      `position` are null until then); null for any other run. */
+  parent: ParentCall | { run_id: string; step: null; position: null } | null;
+  /** The child runs this run started, by run id, in the order they came (SPEC §13). */
+  readonly children: Map<string, RunState>;
   readonly ended: boolean;
+  /** This run, or the run below it `runId` (a child, a child's child); null if unknown. */
+  find(runId: string): RunState | null;
+  /** The children started by the model call of `step`, in the order of its calls. */
+  childrenOf(step: number): RunState[];
+  /** Takes a child run's event (its `parent_run_id` is this run or one below it) into that child's
+      state; the child's state if it changed, else null. */
+  applyBelow(event: RunEvent): RunState | null;
+  /** The run, this one or one below it, whose wait point `approvalId` is open; null if none. */
+  holder(approvalId: string): RunState | null;
+  /** The open wait points of this run and of the runs below it. */
+  allWaits(): Waiting[];
+  /** `run_id:last_seq` of every run below this one. */
+  resumeBelow(): string[];
   message(step: number): MessageItem | null;
   tool(step: number): ToolItem | null;
   /** The open wait point `approvalId`, or null. */
@@ -517,6 +561,11 @@ export declare class RunClient {
   regenerate(options?: RegenerateOptions): Promise<RegenerateAck>;
   /** As `regenerate`, with `payload` as the new run's trigger payload. */
   resend(options: ResendOptions): Promise<ResendAck>;
+  /** The open wait points of the run and of its child runs (a child's approvals and questions are
+      decided from here too, with `approve({approvalId})` and the like). */
+  openWaits(): Waiting[];
+  /** The state of the run whose wait point `approvalId` is open: the run's, or a child's. */
+  stateOf(approvalId?: string): RunState;
   close(): void;
 }
 

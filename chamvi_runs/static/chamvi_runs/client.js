@@ -86,7 +86,11 @@ export class Backoff {
     of each step), tool calls with their results, and decisions. `waits` are the open wait points
     (approvals and questions) in the order they came, `waiting` the first of them, `end` the receipt
     once the run settled. `replaces`, `replaced_by` and `forked_from` place the run in its thread
-    (run.start says them). */
+    (run.start says them).
+
+    `children` are the child runs this run started (delegation), each a RunState by run id, in the
+    order they came; a child's `parent` is `{run_id, step, position}`: the model call's step and
+    the call's position that started it (`childrenOf(step)` lists those of one model call). */
 export class RunState {
   constructor(runId) {
     this.run_id = runId;
@@ -96,6 +100,8 @@ export class RunState {
     this.replaces = null;
     this.replaced_by = null;
     this.forked_from = null;
+    this.parent = null;
+    this.children = new Map();
     // Wait points this client saw decided (its own acks): a rebuild must not open them again. Kept
     // across clear(): a decision stays made whatever the server lost.
     this._settled = new Set();
@@ -114,6 +120,62 @@ export class RunState {
 
   get ended() {
     return this.end !== null;
+  }
+
+  /** The run `runId`: this one, or one below it (a child, a child's child); null if unknown. */
+  find(runId) {
+    if (runId === this.run_id) return this;
+    for (const child of this.children.values()) {
+      const found = child.find(runId);
+      if (found) return found;
+    }
+    return null;
+  }
+
+  /** The children started by the model call of `step`, in the order of its calls. */
+  childrenOf(step) {
+    return [...this.children.values()]
+      .filter((child) => child.parent?.step === step)
+      .sort((a, b) => a.parent.position - b.parent.position);
+  }
+
+  /** Takes a child run's `event` (its `parent_run_id` names this run or one below it) into that
+      child's state, made on its first event; returns the child's state if it changed, else null. */
+  applyBelow(event) {
+    const parent = this.find(event.parent_run_id);
+    if (!parent || event.run_id === this.run_id) return null;
+    let child = parent.children.get(event.run_id);
+    if (!child) {
+      child = new RunState(event.run_id);
+      // Until its run.start says the call, the child is known to be its parent's.
+      child.parent = {run_id: parent.run_id, step: null, position: null};
+      parent.children.set(event.run_id, child);
+    }
+    return child.apply(event) ? child : null;
+  }
+
+  /** The run, this one or one below it, whose wait point `approvalId` is open; null if none. */
+  holder(approvalId) {
+    if (this.wait(approvalId)) return this;
+    for (const child of this.children.values()) {
+      const found = child.holder(approvalId);
+      if (found) return found;
+    }
+    return null;
+  }
+
+  /** The open wait points of this run and of the runs below it, each run's in the order they came. */
+  allWaits() {
+    return [...this.waits, ...[...this.children.values()].flatMap((child) => child.allWaits())];
+  }
+
+  /** `run_id:last_seq` of every run below this one, for a reconnect's `resume`. */
+  resumeBelow() {
+    const pairs = [];
+    for (const child of this.children.values()) {
+      pairs.push(`${child.run_id}:${child.last_seq}`, ...child.resumeBelow());
+    }
+    return pairs;
   }
 
   /** The model message of `step` as shown: its highest attempt so far. */
@@ -221,6 +283,7 @@ const APPLY = {
     // A server of a release before branches sends none of these.
     if ("replaces" in event) state.replaces = event.replaces ?? null;
     if ("forked_from" in event) state.forked_from = event.forked_from ?? null;
+    if (event.parent) state.parent = event.parent;
     // Null live: only a rebuild knows what replaced the run since; a null never unsays it.
     if (event.replaced_by) state.replaced_by = event.replaced_by;
   },
@@ -349,6 +412,13 @@ export class ThreadState {
       changed, else null. */
   apply(event) {
     if (typeof event.run_id !== "string" || !APPLY[event.type]) return null;
+    if (typeof event.parent_run_id === "string") {
+      // A child run: below the run of the thread that started it (unknown here: not shown).
+      for (const run of this.runs.values()) {
+        if (run.find(event.parent_run_id)) return run.applyBelow(event);
+      }
+      return null;
+    }
     let state = this.runs.get(event.run_id);
     const added = !state;
     if (added) this.runs.set(event.run_id, (state = new RunState(event.run_id)));
@@ -1090,8 +1160,23 @@ export class RunClient extends Connection {
     return this.state.ended;
   }
 
-  /** Takes `event` if it is new; returns whether it did. */
+  socketQuery() {
+    // The runs below this one come on its socket too: resumed where this client has them.
+    const below = this.state.resumeBelow().join(",");
+    return `after=${this.after()}` + (below ? `&resume=${encodeURIComponent(below)}` : "");
+  }
+
+  /** Takes `event` if it is new; returns whether it did. A child run's event (its `parent_run_id`)
+      goes to that child's state, below this run's (`state.children`), and is emitted with it. */
   receive(event) {
+    if (event.run_id !== this.runId && typeof event.parent_run_id === "string") {
+      const child = this.state.applyBelow(event);
+      if (!child) return false;
+      this.emit("event", event, child);
+      this.emit(event.type, event, child);
+      this.emit("change", this.state);
+      return true;
+    }
     if (event.run_id !== this.runId || !this.state.apply(event)) return false;
     this.emit("event", event, this.state);
     this.emit(event.type, event, this.state);
@@ -1101,12 +1186,14 @@ export class RunClient extends Connection {
     return true;
   }
 
-  stateOf() {
-    return this.state;
+  /** The state of the run whose wait point `approvalId` is open: this run's, or a child's. */
+  stateOf(approvalId) {
+    return (approvalId && this.state.holder(approvalId)) || this.state;
   }
 
+  /** The open wait points of the run and of its child runs (a child's are decided from here too). */
   openWaits() {
-    return this.state.waits;
+    return this.state.allWaits();
   }
 
   /** The first open wait point of `kind`'s approval id. */
@@ -1210,7 +1297,7 @@ export class ThreadClient extends Connection {
     // every run again; named, each run is replayed after the client's seq of it, or restarted
     // (replay.truncated) when the server no longer knows that seq.
     const shown = [...this.state.runs.values()].filter((run) => run.last_seq > 0).slice(-RESUME_RUNS);
-    const resume = shown.map((run) => `${run.run_id}:${run.last_seq}`).join(",");
+    const resume = shown.flatMap((run) => [`${run.run_id}:${run.last_seq}`, ...run.resumeBelow()]).join(",");
     const scope = this.scope === null ? "" : `&scope=${encodeURIComponent(this.scope)}`;
     return (resume ? `after=0&resume=${encodeURIComponent(resume)}` : "after=0") + scope;
   }
@@ -1220,6 +1307,18 @@ export class ThreadClient extends Connection {
   }
 
   receive(event) {
+    if (typeof event.parent_run_id === "string") {
+      // A child run's event: below the thread's run that started it, shown when that run is.
+      const child = this.state.apply(event);
+      if (!child) return false;
+      const top = [...this.state.runs.values()].find((run) => run.find(child.run_id));
+      if (top && this.shows(top.run_id)) {
+        this.emit("event", event, child);
+        this.emit(event.type, event, child);
+        this.emit("change", top);
+      }
+      return true;
+    }
     const branch = this.state.branch;
     const known = this.state.runs.has(event.run_id);
     const state = this.state.apply(event);
@@ -1270,13 +1369,17 @@ export class ThreadClient extends Connection {
     }
   }
 
-  /** The run whose wait point `approvalId` is open. */
+  /** The run whose wait point `approvalId` is open: a run of the thread, or a child run of one. */
   stateOf(approvalId) {
-    return [...this.state.runs.values()].find((run) => run.wait(approvalId)) || null;
+    for (const run of this.state.runs.values()) {
+      const holder = run.holder(approvalId);
+      if (holder) return holder;
+    }
+    return null;
   }
 
   openWaits() {
-    return [...this.state.runs.values()].flatMap((run) => run.waits);
+    return [...this.state.runs.values()].flatMap((run) => run.allWaits());
   }
 
   input(runId, payload) {

@@ -277,6 +277,26 @@ export class Conversation {
   constructor(log) {
     this.log = log;
     this.nodes = new Map();  // state item -> its elements
+    this.children = new Map();  // child run id -> {node, head, conversation}
+  }
+
+  /** A child run (delegation) as a block under the model call that started it: its status, then
+      its own conversation, nested. */
+  childNode(child) {
+    let entry = this.children.get(child.run_id);
+    if (!entry) {
+      const node = el("div", "child-run");
+      node.dataset.runId = child.run_id;
+      const head = el("div", "child-head muted");
+      const log = el("div", "child-log");
+      node.append(head, log);
+      entry = {node, head, conversation: new Conversation(log)};
+      this.children.set(child.run_id, entry);
+    }
+    entry.node.dataset.status = child.status ?? "queued";
+    setText(entry.head, `↳ delegated to run ${child.run_id}: ${child.status ?? "queued"}`);
+    entry.conversation.render(child);
+    return entry.node;
   }
 
   elements(item, state) {
@@ -319,19 +339,32 @@ export class Conversation {
 
   render(state) {
     const kept = new Set();
+    const keptChildren = new Set();
     let previous = null;
+    const place = (node) => {
+      const expected = previous ? previous.nextSibling : this.log.firstChild;
+      if (node !== expected) this.log.insertBefore(node, expected);
+      previous = node;
+    };
     for (const item of state.items) {
-      for (const node of this.elements(item, state)) {
-        const expected = previous ? previous.nextSibling : this.log.firstChild;
-        if (node !== expected) this.log.insertBefore(node, expected);
-        previous = node;
-      }
+      for (const node of this.elements(item, state)) place(node);
       kept.add(item);
+      // The child runs a model call started come right after it.
+      if (item.kind !== "message" || !state.childrenOf) continue;
+      for (const child of state.childrenOf(item.step)) {
+        place(this.childNode(child));
+        keptChildren.add(child.run_id);
+      }
     }
     for (const [item, nodes] of this.nodes) {
       if (kept.has(item)) continue;
       for (const node of nodes) node.remove();
       this.nodes.delete(item);
+    }
+    for (const [runId, entry] of this.children) {
+      if (keptChildren.has(runId)) continue;
+      entry.node.remove();
+      this.children.delete(runId);
     }
     // What the server drew before the stream (a thread's summaries) goes once the stream has it.
     while (previous && previous.nextSibling) previous.nextSibling.remove();

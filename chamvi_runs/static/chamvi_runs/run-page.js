@@ -43,6 +43,12 @@ function approvalBox(waiting) {
   box.dataset.approvalId = waiting.approval_id;
   box.dataset.kind = "approval";
   box.append(el("strong", "", "Approval needed:"), " ", el("span", "tool-name", waiting.tool_name), el("pre", "", pretty(waiting.input)));
+  // A child run's approval, decided from its parent's page.
+  const holder = client.stateOf(waiting.approval_id);
+  if (holder && holder.run_id !== page.run_id) {
+    box.dataset.runId = holder.run_id;
+    box.append(el("p", "muted child-of", `Asked by the child run ${holder.run_id}.`));
+  }
   if (page.can_decide) {
     if (waiting.editable) box.append(argumentsEditor(waiting.input));
     const reason = el("textarea", "reason");
@@ -64,7 +70,8 @@ function approvalBox(waiting) {
 }
 
 function drawWaits(state) {
-  const waits = state.waits || (state.waiting ? [state.waiting] : []);
+  // The run's open wait points, and those of the child runs it started.
+  const waits = state.allWaits ? state.allWaits() : state.waits || (state.waiting ? [state.waiting] : []);
   const open = new Set(waits.map((w) => w.approval_id));
   for (const id of open) seenOpen.add(id);
   for (const box of boxes()) {

@@ -85,7 +85,8 @@ client.on("branch", showBranch);
    through the replay until the replay has it. */
 function drawWaits({section, canAnswer, seenOpen}, state) {
   const holder = section.querySelector(".run-waiting");
-  const open = new Map((state.waits || []).map((w) => [w.approval_id, w]));
+  // The run's open wait points, and its child runs' (delegation).
+  const open = new Map((state.allWaits ? state.allWaits() : state.waits || []).map((w) => [w.approval_id, w]));
   const decided = new Set(state.decisions.map((d) => d.approval_id));
   for (const id of open.keys()) seenOpen.add(id);
   for (const box of holder.querySelectorAll(".wait")) {

@@ -47,7 +47,8 @@ class Event:
 
     @property
     def allowed(self) -> frozenset[str]:
-        return frozenset({"type", "run_id", "seq"} | {f.name for f in self.fields})
+        # ``parent_run_id``: on every event of a child run (SPEC §13), the run that delegated to it.
+        return frozenset({"type", "run_id", "seq", "parent_run_id"} | {f.name for f in self.fields})
 
 
 STEP = Field("step", "number")
@@ -71,6 +72,12 @@ EVENTS: tuple[Event, ...] = (
                 "ForkPoint | null",
                 "`{run_id, step}`: a fork's start, after that step of that run; step -1: the history that "
                 "run started from",
+            ),
+            Field(
+                "parent",
+                "ParentCall | null",
+                "`{run_id, step, position}`: a child run's parent, and the call (the model call's step, "
+                "the call's position in it) that started it",
             ),
         ),
         "the first execution began",
