@@ -197,55 +197,57 @@ class ToolCalls:
     ) -> list[WaitRequest]:
         """The question at ``position`` and the questions right after it in the same model call:
         the user answers them in any order, and the run goes on once all are answered."""
-        waits = []
-        for offset, call in enumerate(calls):
-            tool, arguments, _error = _parse(
-                self.tools, call["function"]["name"], call["function"].get("arguments") or ""
+        return [
+            WaitRequest(
+                call=call,
+                tool_name=tool.name,
+                input=to_jsonable(arguments),
+                kind="input",
+                ttl=self.ttl(tool.question.ttl),
+                step_index=index + offset,
+                started_at=started,
+                editable=False,
+                answer_schema=tool.question.answer_schema,
+                client=tool.question.client,
             )
-            if tool is None or tool.question is None:
-                break
-            waits.append(
-                WaitRequest(
-                    call=CallRef(llm_index, position + offset, call["id"]),
-                    tool_name=tool.name,
-                    input=to_jsonable(arguments),
-                    kind="input",
-                    ttl=self.ttl(tool.question.ttl),
-                    step_index=index + offset,
-                    started_at=started,
-                    editable=False,
-                    answer_schema=tool.question.answer_schema,
-                    client=tool.question.client,
-                )
-            )
-        return waits
+            for offset, call, tool, arguments in self._alike(calls, llm_index, position, "question")
+            if tool.question is not None
+        ]
 
     def children(
         self, calls: list[dict[str, Any]], llm_index: int, position: int, index: int, started: datetime
     ) -> list[WaitRequest]:
         """The delegation at ``position`` and those right after it in the same model call: their
         child runs are started together, run at once, and the run goes on once all have settled."""
-        waits = []
+        return [
+            WaitRequest(
+                call=call,
+                tool_name=tool.name,
+                input=to_jsonable(arguments),
+                kind="child",
+                ttl=timedelta(0),
+                step_index=index + offset,
+                started_at=started,
+                editable=False,
+                delegate=tool.delegate,
+            )
+            for offset, call, tool, arguments in self._alike(calls, llm_index, position, "delegate")
+        ]
+
+    def _alike(
+        self, calls: list[dict[str, Any]], llm_index: int, position: int, attribute: str
+    ) -> list[tuple[int, CallRef, Tool, Any]]:
+        """``calls`` from the first on while their tools have ``attribute`` set (a question, a
+        delegation): (offset, the call by its place, its tool, its validated arguments)."""
+        alike = []
         for offset, call in enumerate(calls):
             tool, arguments, _error = _parse(
                 self.tools, call["function"]["name"], call["function"].get("arguments") or ""
             )
-            if tool is None or tool.delegate is None:
+            if tool is None or getattr(tool, attribute) is None:
                 break
-            waits.append(
-                WaitRequest(
-                    call=CallRef(llm_index, position + offset, call["id"]),
-                    tool_name=tool.name,
-                    input=to_jsonable(arguments),
-                    kind="child",
-                    ttl=timedelta(0),
-                    step_index=index + offset,
-                    started_at=started,
-                    editable=False,
-                    delegate=tool.delegate,
-                )
-            )
-        return waits
+            alike.append((offset, CallRef(llm_index, position + offset, call["id"]), tool, arguments))
+        return alike
 
     def invoke(self, tool: Tool, ctx: RunContext, arguments: dict[str, Any]) -> tuple[Any, str]:
         if tool.effect:

@@ -4,9 +4,13 @@ PostgreSQL clusters of their own, fresh sites) and load. Every test here is mark
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from tests.support.processes import WorkerProcess, worker_env
 
 HERE = Path(__file__).parent
 
@@ -18,3 +22,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.is_relative_to(HERE):
             item.add_marker(pytest.mark.system)
+
+
+@pytest.fixture
+def spawn(server: Any) -> Iterator[Callable[..., WorkerProcess]]:
+    """``spawn(*args)`` starts a ``manage.py rqworker chamvi`` process against the scripted model
+    server (``args`` go to rqworker); every one is stopped after the test."""
+    workers: list[WorkerProcess] = []
+
+    def start(*args: str) -> WorkerProcess:
+        worker = WorkerProcess(worker_env(server.base_url), *args)
+        workers.append(worker)
+        return worker
+
+    yield start
+    for worker in workers:
+        worker.stop()

@@ -3,30 +3,14 @@ same time on different workers, and the parent resumes on whichever worker is fr
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from chamvi_runs import start_run
 from chamvi_runs.models import Run
-from tests.support.processes import WorkerProcess, wait_for, worker_env
+from tests.support.processes import wait_for
 from tests.support.scripted_server import Reply, delay, finish, text, tool_call
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
-
-
-@pytest.fixture
-def spawn(server) -> Iterator:
-    workers: list[WorkerProcess] = []
-
-    def start() -> WorkerProcess:
-        worker = WorkerProcess(worker_env(server.base_url))
-        workers.append(worker)
-        return worker
-
-    yield start
-    for worker in workers:
-        worker.stop()
 
 
 def test_two_children_run_on_two_workers_at_once_and_the_parent_resumes(server, spawn):

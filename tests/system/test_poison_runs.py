@@ -4,32 +4,16 @@ worker processes where a worker must die."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from chamvi_runs import start_run
 from chamvi_runs.models import Run, Step
 from chamvi_runs.runtime.janitor import tick_once
 from tests.support.helpers import execute, expire_lease
-from tests.support.processes import WorkerProcess, wait_for, worker_env
+from tests.support.processes import WorkerProcess, wait_for
 from tests.support.scripted_server import Reply, finish, text, tool_call, usage
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
-
-
-@pytest.fixture
-def spawn(server) -> Iterator:
-    workers: list[WorkerProcess] = []
-
-    def start() -> WorkerProcess:
-        worker = WorkerProcess(worker_env(server.base_url))
-        workers.append(worker)
-        return worker
-
-    yield start
-    for worker in workers:
-        worker.stop()
 
 
 def _kill_loop(server, spawn, run: Run, deaths: int) -> list[WorkerProcess]:

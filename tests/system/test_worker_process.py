@@ -24,20 +24,6 @@ from tests.testapp.models import Refund
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 
 
-@pytest.fixture
-def spawn(server) -> Iterator:
-    workers: list[WorkerProcess] = []
-
-    def start(*args: str) -> WorkerProcess:
-        worker = WorkerProcess(worker_env(server.base_url), *args)
-        workers.append(worker)
-        return worker
-
-    yield start
-    for worker in workers:
-        worker.stop()
-
-
 def _status(run_id: str) -> str:
     return Run.objects.get(pk=run_id).status
 
