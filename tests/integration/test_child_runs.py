@@ -18,6 +18,18 @@ from tests.support.scripted_server import Reply, finish, text, tool_call, usage
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(30)]
 
+REFUND = json.dumps({"order_id": "o", "amount_cents": 5})
+
+
+def _delegates(server, model: str, *calls: tuple[str, str], then: str | None = None) -> None:
+    """The model ``model`` makes ``calls`` (tool name, JSON arguments) in one model call, and with
+    ``then`` answers that after them."""
+    asked = [tool_call(f"c{n}", name, arguments, index=n) for n, (name, arguments) in enumerate(calls)]
+    replies = [Reply(*asked, finish("tool_calls"))]
+    if then is not None:
+        replies.append(Reply(text(then), finish("stop")))
+    server.script(model, replies)
+
 
 def _tool_results(server, model: str) -> list[str]:
     """The tool results the model was sent in its latest request."""
@@ -131,12 +143,8 @@ def test_the_parents_json_lists_its_children_and_a_childs_names_its_parent(serve
 
 
 def test_a_child_that_fails_is_a_tool_error_the_parent_goes_on_from(server):
-    server.script(
-        "m-triage",
-        [
-            Reply(tool_call("c1", "judge", '{"task": "judge it"}'), finish("tool_calls")),
-            Reply(text("The judge failed; I decided myself."), finish("stop")),
-        ],
+    _delegates(
+        server, "m-triage", ("judge", '{"task": "judge it"}'), then="The judge failed; I decided myself."
     )
     server.script("m-structured", [Reply(text("not json"), finish("stop"))])
     parent = execute(start_run("triage", "x"))
@@ -152,25 +160,8 @@ def test_a_child_that_fails_is_a_tool_error_the_parent_goes_on_from(server):
 
 
 def test_cancelling_the_parent_cancels_its_children(server):
-    server.script(
-        "m-triage",
-        [
-            Reply(
-                tool_call("c1", "billing", '{"task": "a"}', index=0),
-                tool_call("c2", "research", '{"topic": "b"}', index=1),
-                finish("tool_calls"),
-            )
-        ],
-    )
-    server.script(
-        "m-billing",
-        [
-            Reply(
-                tool_call("r1", "refund", json.dumps({"order_id": "o", "amount_cents": 5})),
-                finish("tool_calls"),
-            )
-        ],
-    )
+    _delegates(server, "m-triage", ("billing", '{"task": "a"}'), ("research", '{"topic": "b"}'))
+    _delegates(server, "m-billing", ("refund", REFUND))
     parent = execute(start_run("triage", "x"))
     billing, research = Run.objects.filter(parent=parent).order_by("parent_position")
     assert execute(billing).status == "waiting"  # for its refund's approval
@@ -184,15 +175,8 @@ def test_cancelling_the_parent_cancels_its_children(server):
 
 def test_delegating_deeper_than_max_child_depth_is_a_tool_error(server, settings):
     settings.CHAMVI_RUNS = {**settings.CHAMVI_RUNS, "MAX_CHILD_DEPTH": 1}
-    server.script("m-chain_a", [Reply(tool_call("c1", "chain_b", '{"task": "go"}'), finish("tool_calls"))])
-    server.script(
-        "m-chain_b",
-        [
-            Reply(tool_call("c2", "chain_c", '{"task": "deeper"}'), finish("tool_calls")),
-            Reply(text("I did it myself."), finish("stop")),
-        ],
-    )
-    server.script("m-chain_a", [Reply(text("ok"), finish("stop"))])
+    _delegates(server, "m-chain_a", ("chain_b", '{"task": "go"}'), then="ok")
+    _delegates(server, "m-chain_b", ("chain_c", '{"task": "deeper"}'), then="I did it myself.")
     top = execute(start_run("chain_a", "x"))
     (middle,) = Run.objects.filter(parent=top)
     middle = execute(middle)
@@ -203,13 +187,7 @@ def test_delegating_deeper_than_max_child_depth_is_a_tool_error(server, settings
 
 
 def test_chamvi_tick_wakes_a_parent_whose_wake_up_was_lost(server, monkeypatch, redis):
-    server.script(
-        "m-triage",
-        [
-            Reply(tool_call("c1", "billing", '{"task": "a"}'), finish("tool_calls")),
-            Reply(text("done"), finish("stop")),
-        ],
-    )
+    _delegates(server, "m-triage", ("billing", '{"task": "a"}'), then="done")
     server.script("m-billing", [Reply(text("ok"), finish("stop"))])
     parent = execute(start_run("triage", "x"))
     (child,) = Run.objects.filter(parent=parent)
@@ -246,16 +224,8 @@ def test_a_childs_tokens_count_against_its_parents_max_tokens(server):
 
 def test_the_approvals_page_lists_a_childs_approval_with_its_parent_and_decides_it(server):
     approver = make_user("approver", "chamvi_runs.view_run", "chamvi_runs.approve_waitpoint")
-    server.script("m-triage", [Reply(tool_call("c1", "billing", '{"task": "refund"}'), finish("tool_calls"))])
-    server.script(
-        "m-billing",
-        [
-            Reply(
-                tool_call("r1", "refund", json.dumps({"order_id": "o", "amount_cents": 5})),
-                finish("tool_calls"),
-            )
-        ],
-    )
+    _delegates(server, "m-triage", ("billing", '{"task": "refund"}'))
+    _delegates(server, "m-billing", ("refund", REFUND))
     parent = execute(start_run("triage", "x"))
     (child,) = Run.objects.filter(parent=parent)
     assert execute(child).status == "waiting"
