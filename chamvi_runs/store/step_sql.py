@@ -19,7 +19,7 @@ from django.db import connection
 from ..core.records import Claim
 from ..core.states import Status
 from ..core.types import Usage
-from ..models import Checkpoint, Run, RunInput, Step
+from ..models import Checkpoint, EffectRecord, Run, RunInput, Step
 
 
 def applies() -> bool:
@@ -239,3 +239,46 @@ def settle_with_answer(
     run = run_from_row(row[:-1])
     run.receipt = list(row[-1])
     return run
+
+
+# An effect tool's statements (``store.effects``): each effect tool runs them in its transaction.
+
+
+def holds(claim: Claim) -> bool:
+    """Whether ``claim`` still holds the run (``fence.held``), read without a lock."""
+    sql = (
+        f"SELECT 1 FROM {Run._meta.db_table}"
+        " WHERE id = %s AND status = %s AND claim_owner = %s AND attempt = %s"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [claim.run_id, Status.RUNNING.value, claim.owner, claim.attempt])
+        return cursor.fetchone() is not None
+
+
+_RECORD_COLUMNS = ("id", "run_id", "key", "tool_name", "input", "output", "error", "created_at")
+
+
+def effect_record(run_id: str, key: str) -> EffectRecord | None:
+    """``effects.effect_record``: the record of ``key``, its JSON columns decoded as the ORM's."""
+    columns = ", ".join(connection.ops.quote_name(c) for c in _RECORD_COLUMNS)
+    sql = f"SELECT {columns} FROM {EffectRecord._meta.db_table} WHERE run_id = %s AND key = %s"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [run_id, key])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    values = dict(zip(_RECORD_COLUMNS, row, strict=True))
+    for name in ("input", "output"):
+        values[name] = None if values[name] is None else json.loads(values[name])
+    return EffectRecord(**values)
+
+
+def record_effect(fields: dict[str, Any]) -> None:
+    """``effects.record_effect``'s INSERT (``fields``: run_id, key, tool_name, input, output,
+    error). A key recorded already raises IntegrityError, as the ORM's did."""
+    names = [*fields, "created_at"]
+    values = [_json(fields[n]) if n in ("input", "output") else fields[n] for n in fields]
+    columns = ", ".join(connection.ops.quote_name(n) for n in names)
+    marks = ", ".join(["%s"] * len(fields) + ["STATEMENT_TIMESTAMP()"])
+    with connection.cursor() as cursor:
+        cursor.execute(f"INSERT INTO {EffectRecord._meta.db_table} ({columns}) VALUES ({marks})", values)

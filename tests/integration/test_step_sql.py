@@ -4,10 +4,12 @@ whole at every save) and a long one (past 40 messages, by parts)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from chamvi_runs import start_run
-from chamvi_runs.models import Checkpoint, Run, Step
+from chamvi_runs.models import Checkpoint, EffectRecord, Run, Step
 from chamvi_runs.store import step_sql
 from tests.support.helpers import execute
 from tests.support.scripted_server import Reply, finish, text, tool_call, usage
@@ -59,3 +61,33 @@ def test_the_sql_writes_the_rows_the_orm_wrote(server, monkeypatch, turns):
     assert by_sql == by_orm
     # The trigger, each turn's answer and its two results, the final answer.
     assert by_sql["checkpoint"]["length"] == 3 * turns + 2
+
+
+def _effects(server) -> list[dict[str, object]]:
+    """An effect tool run twice in one run (the second call repeats the first's arguments at another
+    place, so it is a record of its own), and its records as stored."""
+    arguments = '{"order_id": "o-1", "amount_cents": 250}'
+    server.script(
+        "m-basic",
+        [
+            Reply(tool_call("r1", "refund", arguments), finish("tool_calls")),
+            Reply(tool_call("r2", "refund", arguments), finish("tool_calls")),
+            Reply(text("Refunded twice."), finish("stop")),
+        ],
+    )
+    run = execute(start_run("basic", "x"))
+    assert run.status == "completed", (run.error_code, run.error_message)
+    rows = (
+        EffectRecord.objects.filter(run=run)
+        .order_by("key")
+        .values("key", "tool_name", "input", "output", "error")
+    )
+    # The key names the run (and the tool returns it): compared without it.
+    return [json.loads(json.dumps(row).replace(run.pk, "<run>")) for row in rows]
+
+
+def test_an_effect_tools_records_are_those_the_orm_wrote(server, monkeypatch):
+    by_sql = _effects(server)
+    monkeypatch.setattr(step_sql, "applies", lambda: False)
+    assert _effects(server) == by_sql
+    assert [row["output"]["refunded"] for row in by_sql] == [250, 250]  # type: ignore[index]
