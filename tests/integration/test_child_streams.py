@@ -148,8 +148,8 @@ def test_a_childs_approval_cannot_be_decided_from_another_runs_socket(server):
     assert WaitPoint.objects.get(pk=wait.pk).decision is None
 
 
-def test_the_thread_socket_shows_a_child_of_its_run(server):
-    owner = make_user("owner")
+def test_the_thread_socket_shows_a_child_of_its_run_and_decides_its_approval(server):
+    owner = make_user("owner", "chamvi_runs.approve_waitpoint")
     parent, child, wait = _waiting_child(server, owner, thread="t-delegating")
 
     headers = _headers(owner)
@@ -160,10 +160,15 @@ def test_the_thread_socket_shows_a_child_of_its_run(server):
         )
         assert (await comm.connect())[0]
         seen = await _until(comm, lambda e: e["type"] == "run.waiting" and e["run_id"] == child.pk)
+        await comm.send_json_to({"type": "approve", "approval_id": wait.approval_id})
+        seen += await _until(comm, lambda e: e["type"] == "ack")
         await comm.disconnect()
         return seen
 
     seen = async_to_sync(scenario)()
+    assert seen[-1] == {"type": "ack", "action": "approve", "approval_id": wait.approval_id}
+    assert WaitPoint.objects.get(pk=wait.pk).decision == "approved"
+    seen = seen[:-1]
     assert {e["run_id"] for e in seen} == {parent.pk, child.pk}
     assert all(e.get("parent_run_id") == parent.pk for e in seen if e["run_id"] == child.pk)
     assert next(e for e in seen if e["run_id"] == child.pk and e["type"] == "run.waiting")["approval_id"] == (
