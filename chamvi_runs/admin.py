@@ -23,7 +23,17 @@ from django.views.decorators.debug import sensitive_variables
 from . import api
 from .models import ApiToken, Checkpoint, Run, Step, StuckRun, WaitPoint
 from .streaming.serializers import pretty_json, question
-from .web.admin_lists import AgentFilter, LatestRows, ReadOnly, StepColumns, Storable, run_link, second, short
+from .web.admin_lists import (
+    AgentFilter,
+    LatestRows,
+    ReadOnly,
+    StepColumns,
+    Storable,
+    VersionFilter,
+    run_link,
+    second,
+    short,
+)
 from .web.admin_stuck import StuckRunAdmin as StuckRunAdmin  # public here: docs/public-api.md
 from .web.approvals import decide
 from .web.auth import create_token
@@ -150,6 +160,7 @@ class RunAdmin(Storable, ReadOnly, admin.ModelAdmin):
     list_display = [
         "id",
         "agent",
+        "agent_version",
         "status",
         "thread",
         "model_calls",
@@ -159,7 +170,7 @@ class RunAdmin(Storable, ReadOnly, admin.ModelAdmin):
     ]
     # Dates by range (today, the past 7 days, ...): a date hierarchy reads the distinct days of the
     # whole table on every page.
-    list_filter = ["status", AgentFilter, "created_at"]
+    list_filter = ["status", AgentFilter, VersionFilter, "created_at"]
     list_defer = ("trigger", "output", "error_message")
     # "N total" would count the whole table on every page.
     show_full_result_count = False

@@ -166,6 +166,7 @@ def _start(
                 raise ThreadForbidden(f"thread {thread!r} belongs to someone else")
         run, created = store.create_run(
             agent=agent,
+            agent_version=registry.get(agent).version,
             trigger=envelope,
             trigger_id=id,
             scope=scope,

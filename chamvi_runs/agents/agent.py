@@ -18,7 +18,7 @@ from django.core.exceptions import ImproperlyConfigured
 from ..core.budget import Budget
 from ..core.types import AbortSignal
 from ..errors import AgentNotFound
-from . import delegation
+from . import delegation, versions
 from .tools import Tool
 
 if TYPE_CHECKING:
@@ -73,6 +73,7 @@ class Agent:
         notifier: Callable[[Run, WaitPoint], None] | None = None,
         on_approval_expired: str = "deny",
         input: type[pydantic.BaseModel] | dict[str, Any] | None = None,
+        version: str | None = None,
     ) -> None:
         if not name or not isinstance(name, str):
             raise ImproperlyConfigured("Agent name must be a non-empty string")
@@ -100,6 +101,9 @@ class Agent:
             )
         if notifier is not None and not callable(notifier):
             raise ImproperlyConfigured(f"Agent {name}: notifier must be callable(run, waitpoint)")
+        if version is not None and not (isinstance(version, str) and 0 < len(version) <= 64):
+            raise ImproperlyConfigured(f"Agent {name}: version must be a string of 1 to 64 characters")
+        self._version = version
         try:
             self.input_model = delegation.input_model(name, input)
         except TypeError as exc:
@@ -145,6 +149,12 @@ class Agent:
 
     def __repr__(self) -> str:
         return f"<Agent {self.name}>"
+
+    @functools.cached_property
+    def version(self) -> str:
+        """The agent's version (SPEC §14): ``Agent(version=...)``, or a hash of what its runs depend
+        on (``versions.derived``). Every run records the version it started with."""
+        return self._version or versions.derived(self)
 
     def as_tool(self, name: str | None = None, description: str | None = None) -> Tool:
         """This agent as another agent's tool: a call starts a child run of it (SPEC §13), whose

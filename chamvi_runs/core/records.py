@@ -79,6 +79,8 @@ class WaitRequest:
     delegate: str | None = None
     """A wait of kind ``child``: the agent of the child run the wait starts (``input`` is its
     trigger payload)."""
+    delegate_version: str = ""
+    """That agent's version, which the child run starts with."""
 
 
 @dataclass(frozen=True)

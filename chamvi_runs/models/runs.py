@@ -19,6 +19,15 @@ from .ids import new_run_id
 class Run(models.Model):
     id = models.CharField(primary_key=True, max_length=40, default=new_run_id, editable=False)
     agent = models.CharField(max_length=200, db_index=True)
+    # A database default: the previous release, still running during a deploy, inserts runs
+    # without it (an empty version: the run was started before versions were recorded).
+    agent_version = models.CharField(
+        max_length=64,
+        blank=True,
+        default="",
+        db_default="",
+        help_text="The version of its agent the run started with (SPEC §14).",
+    )
     status = models.CharField(
         max_length=20, choices=[(s.value, s.name.title()) for s in Status], default=Status.QUEUED.value
     )

@@ -145,7 +145,8 @@ class ModelSteps:
             started_at=started,
             # The call's end, not the write's: that comes after the call's tools have run.
             finished_at=timezone.now(),
-            input={"messages": len(request.messages), "inputs": inputs},
+            # The version of the agent that made the call: every execution says what it ran.
+            input={"messages": len(request.messages), "inputs": inputs, "version": agent.version},
             output=llm_step_output(turn, finish),
             error=turn.error or "",
         )

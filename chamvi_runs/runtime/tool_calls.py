@@ -15,7 +15,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from ..agents.agent import Agent, RunContext
+from ..agents.agent import Agent, RunContext, registry
 from ..agents.tools import Tool, to_jsonable
 from ..conf import conf
 from ..core.decisions import idempotency_key
@@ -23,7 +23,7 @@ from ..core.messages import tool_result
 from ..core.records import CallRef, Claim, Decided, StepRecord, WaitRequest, arguments_hash
 from ..core.storable import storable
 from ..core.types import AbortSignal, Message
-from ..errors import LeaseLostError, ToolArgumentsError
+from ..errors import AgentNotFound, LeaseLostError, ToolArgumentsError
 from ..models import Run
 from ..streaming import events
 from .effects import run_effect
@@ -230,6 +230,7 @@ class ToolCalls:
                 started_at=started,
                 editable=False,
                 delegate=tool.delegate,
+                delegate_version=_version_of(tool.delegate),
             )
             for offset, call, tool, arguments in self._alike(calls, llm_index, position, "delegate")
         ]
@@ -259,6 +260,15 @@ class ToolCalls:
         except Exception as exc:
             logger.info("tool %s raised", tool.name, exc_info=True)
             return None, f"{type(exc).__name__}: {exc}"
+
+
+def _version_of(agent: str | None) -> str:
+    """The version of the agent a delegation starts (none when this process lacks that agent: its
+    child run then fails ``agent_not_found``, as any run of an unknown agent does)."""
+    try:
+        return registry.get(agent).version if agent else ""
+    except AgentNotFound:
+        return ""
 
 
 def _parse(tools: dict[str, Tool], name: str, raw: str) -> tuple[Tool | None, Any, str]:

@@ -49,6 +49,7 @@ def start_children(claim: Claim, waits: list[WaitRequest]) -> dict[int, Run]:
         Run(
             status=Status.QUEUED,
             agent=agent,
+            agent_version=wait.delegate_version,
             trigger=envelope(storable(wait.input)),
             scope=parent.scope,
             created_by_id=parent.created_by_id,

@@ -161,6 +161,7 @@ def run_json(run: Run, *, viewer: Any, window: StepWindow | None = None) -> dict
     data: dict[str, Any] = {
         "id": run.id,
         "agent": run.agent,
+        "agent_version": run.agent_version,
         "status": run.status,
         "trigger": run.trigger,
         "concurrency_key": run.concurrency_key,

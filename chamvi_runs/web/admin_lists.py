@@ -215,3 +215,19 @@ class AgentFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         return queryset.filter(agent=self.value()) if self.value() else queryset
+
+
+class VersionFilter(admin.SimpleListFilter):
+    """The versions this process's agents have now (SPEC §14), as AgentFilter lists agents: runs of
+    an older version are listed by ``?agent_version=<version>``."""
+
+    title = "agent version"
+    parameter_name = "agent_version"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [
+            (registry.get(name).version, f"{name} {registry.get(name).version}") for name in registry.names()
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.filter(agent_version=self.value()) if self.value() else queryset

@@ -1,0 +1,45 @@
+"""An agent's version (SPEC §14): what its runs were written for. Derived, it is a hash of what
+changes how a run goes on: the instructions (when a string; a callable by its name), the model, the
+output schema, and each tool's name, kind and argument schema (a tool factory by its name). Two
+processes with the same agent code derive the same version; a deploy that changes any of these
+changes it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .agent import Agent
+    from .tools import Tool
+
+
+def _named(value: Any) -> str:
+    """A callable by the name it is found under: its body is not hashed."""
+    return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', repr(value))}"
+
+
+def _tool(tool: Tool) -> dict[str, Any]:
+    return {
+        "name": tool.name,
+        "parameters": tool.schema()["function"]["parameters"],
+        "effect": tool.effect,
+        "question": tool.question is not None,
+        "delegate": tool.delegate,
+    }
+
+
+def derived(agent: Agent) -> str:
+    """The hash of ``agent``'s instructions, model, output schema and tools: 12 hex digits."""
+    tools = agent.tools
+    described = {
+        "instructions": agent.instructions
+        if isinstance(agent.instructions, str)
+        else _named(agent.instructions),
+        "model": agent.model,
+        "output": agent.response_format(),
+        "tools": _named(tools) if callable(tools) else [_tool(t) for t in tools],
+    }
+    text = json.dumps(described, sort_keys=True, default=str, ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
