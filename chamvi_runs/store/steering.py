@@ -170,6 +170,11 @@ def decide(
 
 
 def _check_kind(waitpoint: WaitPoint, decision: str, approved_input: Any) -> None:
+    if waitpoint.kind == WaitPoint.Kind.CHILD:
+        raise DecisionRefused(
+            f"{waitpoint.approval_id} waits for a child run, which decides it when it settles",
+            code="wrong_kind",
+        )
     kind = _DECIDES.get(WaitPoint.Decision(decision))
     if kind is not None and kind != waitpoint.kind:
         what = (

@@ -238,3 +238,19 @@ def test_the_approvals_page_lists_a_childs_approval_with_its_parent_and_decides_
     assert response.status_code == 302
     assert WaitPoint.objects.get(pk=wait.pk).decision == "approved"
     cancel_run(parent.pk)
+
+
+def test_nobody_decides_a_wait_for_a_child_run(server):
+    from chamvi_runs import approve as approve_call
+    from chamvi_runs import deny
+    from chamvi_runs.errors import DecisionRefused
+
+    _delegates(server, "m-triage", ("billing", '{"task": "refund"}'))
+    parent = execute(start_run("triage", "x"))
+    wait = WaitPoint.objects.get(run=parent)
+    for decide in (approve_call, deny):
+        with pytest.raises(DecisionRefused, match="waits for a child run") as refused:
+            decide(wait.approval_id)
+        assert refused.value.code == "wrong_kind"
+    assert WaitPoint.objects.get(pk=wait.pk).decision is None
+    cancel_run(parent.pk)
