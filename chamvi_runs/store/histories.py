@@ -83,6 +83,10 @@ def move_checkpoint(
         fields.update(messages=storable(messages), whole_step=step_index, whole_length=len(messages))
     if opening_length is not None:
         fields["opening_length"] = opening_length
+    if step_sql.applies() and opening_length is not None and whole:
+        # The run's first save: no checkpoint yet, so the insert (not an update that finds none).
+        step_sql.create_checkpoint(run_id, step_index, fields)
+        return
     if step_sql.applies():
         if step_sql.move_checkpoint(run_id, step_index, fields):
             return

@@ -179,6 +179,23 @@ CHECKPOINT_COLUMNS = frozenset(
 )
 
 
+def create_checkpoint(run_id: str, step_index: int, fields: dict[str, Any]) -> None:
+    """The run's first save: its checkpoint, inserted (as ``histories.move_checkpoint`` would after
+    finding none), or moved, in one statement, should one exist at ``step_index`` or before."""
+    assert fields.keys() <= CHECKPOINT_COLUMNS, fields.keys() - CHECKPOINT_COLUMNS
+    names = list(fields)
+    values = [_json(fields[n]) if n == "messages" else fields[n] for n in names]
+    quoted = [connection.ops.quote_name(n) for n in names]
+    table = Checkpoint._meta.db_table
+    sql = (
+        f"INSERT INTO {table} (run_id, {', '.join(quoted)}) VALUES (%s, {', '.join(['%s'] * len(names))})"
+        f" ON CONFLICT (run_id) DO UPDATE SET {', '.join(f'{q} = EXCLUDED.{q}' for q in quoted)}"
+        f" WHERE {table}.step_index <= %s"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [run_id, *values, step_index])
+
+
 def move_checkpoint(run_id: str, step_index: int, fields: dict[str, Any]) -> bool:
     """The run's checkpoint, if it is at ``step_index`` or before, set to ``fields``. False: the run
     has no checkpoint yet (its first save creates it)."""

@@ -88,8 +88,8 @@ def test_a_budget_spent_by_a_tool_turn_counts_no_call_after_it(server):
 def test_a_tool_turn_writes_in_two_statements_and_one_transaction_on_postgresql(server):
     """Three tool turns and an answer: the claim (2), then per call its count (only the first:
     the others are counted by the turn before), per tool turn the renewal with the call's usage
-    and the save (fenced usage and count with the inputs, steps, checkpoint; the first save also
-    creates the checkpoint), and the answer with its settle, whose run row and receipt are
+    and the save (fenced usage and count with the inputs, steps, checkpoint: the first save inserts
+    it), and the answer with its settle, whose run row and receipt are
     returned by the settle (nothing is read after it)."""
     _adding(server, 3)
     run = start_run("basic", "x")
@@ -99,7 +99,7 @@ def test_a_tool_turn_writes_in_two_statements_and_one_transaction_on_postgresql(
     assert Run.objects.get(pk=run.pk).status == "completed"
     shown = "\n".join(s[:120] for s in sent)
     statements = [s for s in sent if s not in ("BEGIN", "COMMIT")]
-    assert len(statements) == 2 + 1 + (1 + 3) * 3 + 1 + 4, shown
+    assert len(statements) == 2 + 1 + (1 + 3) * 3 + 4, shown
     assert sum("model_calls = model_calls + 1" in s for s in statements) == 4, shown
     assert not [s for s in statements if s.upper().startswith("SELECT")][1:], shown
     # Commits: the claim; the first call's count; per tool turn, the renewal and the save; the
