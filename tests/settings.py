@@ -29,5 +29,6 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # lanes, a helper's run beside CI) would hear each other's thread groups, which are named after the
 # thread, without a prefix of their own.
 _layer: dict[str, Any] = dict(CHANNEL_LAYERS["default"])
-_layer["CONFIG"] = {**_layer["CONFIG"], "prefix": "chamvi-test-" + REDIS_URL.rsplit("/", 1)[-1]}
+if "CONFIG" in _layer:  # channels-redis (an empty REDIS_URL: the in-memory layer, embedded mode)
+    _layer["CONFIG"] = {**_layer["CONFIG"], "prefix": "chamvi-test-" + REDIS_URL.rsplit("/", 1)[-1]}
 CHANNEL_LAYERS = {"default": _layer}
