@@ -25,6 +25,7 @@ from django.db.models.lookups import LessThan
 
 from ..core.states import TERMINAL, Status
 from ..models import Artifact, Checkpoint, EffectRecord, Run, RunInput, Step, Thread, WaitPoint
+from .children import descendants
 from .fence import db_now_plus
 from .references import attached, referenced_artifacts
 
@@ -75,7 +76,9 @@ class Retention:
             # Unless no run of the thread stays: then the whole thread goes, its history with it.
             same_thread = Run.objects.filter(thread=OuterRef("thread"), scope=OuterRef("scope"))
             keeps_history &= Q(Exists(same_thread.exclude(self.old())))
-        return self.old() & ~keeps_history
+        # A child run (SPEC §13) goes with the run that started it, never alone: that run's wait
+        # points name it.
+        return self.old() & ~keeps_history & Q(parent__isnull=True)
 
 
 def _base_of_unsettled() -> Exists:
@@ -247,10 +250,15 @@ def _prune_runs(retention: Retention, report: PruneReport, batch_size: int) -> N
                 gone = set(ids)
                 if deleted != len(ids):
                     gone -= set(Run.objects.filter(pk__in=ids).values_list("pk", flat=True))
+                # The child runs they started, and theirs, go with them (their rows were not
+                # measured: the report counts the runs selected).
+                family = descendants(*gone)
+                if family:
+                    Run.objects.filter(pk__in=family)._raw_delete(deletable.db)
                 # Django's foreign keys are deferred: the children may go after their run, in the
                 # same transaction.
                 for model in CHILDREN:
-                    model._default_manager.filter(run_id__in=gone).delete()
+                    model._default_manager.filter(run_id__in=[*gone, *family]).delete()
             for (name, run_id), (rows, size) in sizes.items():
                 if run_id in gone:
                     report.add(name, rows, size)

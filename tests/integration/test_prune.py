@@ -374,3 +374,31 @@ def test_prune_refuses_to_run_inside_a_transaction():
     with transaction.atomic(), pytest.raises(pruning.PruneRefused, match="outside atomic"):
         pruning.prune(pruning.Retention(older_than=timedelta(days=30)))
     assert Run.objects.count() == 1
+
+
+def test_a_child_run_goes_with_the_run_that_started_it_never_alone(server):
+    """A parent (its thread's latest, so kept) and another (old, not in a thread) each delegated
+    once, long ago: the kept parent keeps its child, the other goes with its child and the wait
+    point that named it; a batch smaller than a family still commits."""
+    server.script(
+        "m-triage",
+        [
+            *[Reply(tool_call("c1", "billing", '{"task": "a"}'), finish("tool_calls")) for _ in range(2)],
+            *[Reply(text("done"), finish("stop")) for _ in range(2)],
+        ],
+    )
+    server.script("m-billing", [Reply(text("ok"), finish("stop")) for _ in range(2)])
+    kept = execute(start_run("triage", "x", thread="t-kept"))
+    gone = execute(start_run("triage", "y"))
+    children = {}
+    for parent in (kept, gone):
+        (children[parent.pk],) = Run.objects.filter(parent=parent)
+        execute(children[parent.pk])
+        assert execute(Run.objects.get(pk=parent.pk)).status == "completed"
+    _age([kept, gone, *children.values()], days=40)
+
+    prune("--older-than", "30d", "--batch-size", "1")
+
+    assert set(Run.objects.values_list("pk", flat=True)) == {kept.pk, children[kept.pk].pk}
+    assert WaitPoint.objects.get(run=kept).child_id == children[kept.pk].pk
+    assert not WaitPoint.objects.filter(run=gone).exists()
