@@ -43,6 +43,7 @@ from ..streaming.cursor import QUIET_SECONDS, Cursor, Reread
 from ..streaming.events import RUN_END
 from ..streaming.replay import missed_after, replay_for, settled_after
 from .errors import ApiError
+from .socket_query import BadQuery, resume_of
 from .views_api import _run_for, api_view
 
 logger = logging.getLogger(__name__)
@@ -60,8 +61,12 @@ def run_stream(request: HttpRequest, run_id: str) -> StreamingHttpResponse:
     run = _run_for(request, run_id)
     family = _Family(run.pk, request.user)
     family.look()
+    try:
+        resume = resume_of({"resume": [request.GET.get("resume", "")]})
+    except BadQuery as exc:
+        raise ApiError(400, "invalid_field", str(exc)) from None
     response = StreamingHttpResponse(
-        _events(run.pk, _after(request), family), content_type="text/event-stream"
+        _events(run.pk, _after(request), family, resume), content_type="text/event-stream"
     )
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
@@ -82,8 +87,11 @@ def _after(request: HttpRequest) -> int:
     return 0
 
 
-def _frame(event: dict[str, Any]) -> str:
-    return f"id: {event['seq']}\nevent: {event['type']}\ndata: {json.dumps(event)}\n\n"
+def _frame(event: dict[str, Any], run_id: str) -> str:
+    # Only the stream's own run's events carry an id: a browser sends the last one back
+    # (Last-Event-ID) as the seq to resume that run after. A child run's seq is its own.
+    own = f"id: {event['seq']}\n" if event.get("run_id") == run_id else ""
+    return f"{own}event: {event['type']}\ndata: {json.dumps(event)}\n\n"
 
 
 async def _briefly(fn: Callable[..., T], *args: Any) -> T:
@@ -195,13 +203,13 @@ def _frames(events: list[dict[str, Any]], run_id: str) -> list[str]:
     end is one more event)."""
     frames = []
     for event in events:
-        frames.append(_frame(event))
+        frames.append(_frame(event, run_id))
         if event.get("type") == RUN_END and event.get("run_id") == run_id:
             break
     return frames
 
 
-async def _events(run_id: str, after: int, family: _Family) -> AsyncIterator[str]:
+async def _events(run_id: str, after: int, family: _Family, resume: dict[str, int]) -> AsyncIterator[str]:
     # The view's connection, opened in this request's thread, would stay open until the response
     # ends: close it now.
     await sync_to_async(connections.close_all)()
@@ -213,11 +221,11 @@ async def _events(run_id: str, after: int, family: _Family) -> AsyncIterator[str
         await follower.join()
         loop = asyncio.get_running_loop()
         # What is sent, and what to read from the buffer (the websocket's rules: streaming/cursor.py).
-        below = [child for child, visible in family.below.items() if visible]
-        cursor = Cursor({run_id: after, **dict.fromkeys(below, 0)}, loop.time())
-        # The children first: the stream ends with its own run's run.end.
-        for child in below:
-            replayed, held = await _briefly(replay_for, child, 0)
+        below = {child: resume.get(child, 0) for child, visible in family.below.items() if visible}
+        cursor = Cursor({run_id: after, **below}, loop.time())
+        # The children first (after their seq in ``resume``): the stream ends with its own run.end.
+        for child, child_after in below.items():
+            replayed, held = await _briefly(replay_for, child, child_after)
             cursor.know(held)
             for frame in _frames(cursor.take(replayed), run_id):
                 yield frame

@@ -190,3 +190,24 @@ def test_the_parents_event_stream_carries_its_child_and_ends_with_the_parent(ser
     assert [e for e in streamed if e["run_id"] == parent.pk] == events(parent)
     assert [e for e in streamed if e["run_id"] == child.pk] == events(Run.objects.get(pk=child.pk))
     assert all(e["parent_run_id"] == parent.pk for e in streamed if e["run_id"] == child.pk)
+
+
+def test_the_parents_event_stream_names_only_its_own_seqs_and_resumes_a_child(server, client):
+    owner = make_superuser("owner")
+    parent, child, wait = _waiting_child(server, owner, to_the_end=True)
+    from chamvi_runs import approve
+
+    approve(wait.approval_id, by=owner)
+    child = execute(child.pk)
+    assert execute(parent.pk).status == "completed"
+    client.force_login(owner)
+    raw = body(client.get(f"/chamvi/api/runs/{parent.pk}/stream/?after=0")).decode()
+    # Last-Event-ID is the parent's seq: a child's frames carry none.
+    ids = [int(line[4:]) for line in raw.splitlines() if line.startswith("id: ")]
+    assert ids == [e["seq"] for e in events(parent)]
+    # A client that has the child up to a seq names it in resume: only what follows comes again.
+    child_events = events(child)
+    resumed = parse(body(client.get(f"/chamvi/api/runs/{parent.pk}/stream/?after=0&resume={child.pk}:2")))
+    assert [e["seq"] for e in resumed if e["run_id"] == child.pk] == [e["seq"] for e in child_events[2:]]
+    response = client.get(f"/chamvi/api/runs/{parent.pk}/stream/?resume=nonsense")
+    assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_field"

@@ -108,3 +108,19 @@ test("a thread shows a child below the thread's run, never as a run of its own",
   assert.match(decodeURIComponent(FakeWebSocket.last.url), new RegExp(`resume=${PARENT}:3,${CHILD}:6`));
   client.close();
 });
+
+test("a reconnect names at most 50 runs to resume, children counted, the latest kept", async () => {
+  const client = connectThread("busy", base());
+  const socket = FakeWebSocket.last;
+  socket.open();
+  // 50 runs of the thread, the last of which delegated once.
+  for (let n = 0; n < 50; n++) socket.message({type: "run.start", run_id: `run_${n}`, seq: 1, status: "running"});
+  socket.message({...CHILD_EVENTS[0], parent: {run_id: "run_49", step: 0, position: 0}, parent_run_id: "run_49"});
+  socket.serverClose(1006);
+  await waitFor(() => FakeWebSocket.instances.length === 2, "the reconnect");
+  const resume = new URL(FakeWebSocket.last.url).searchParams.get("resume").split(",");
+  assert.equal(resume.length, 50);
+  assert.equal(resume.at(-1), `${CHILD}:1`);
+  assert.equal(resume[0], "run_1:1", "the oldest run is left to the server's replay");
+  client.close();
+});

@@ -11,14 +11,16 @@ from asgiref.sync import async_to_sync
 
 
 def parse(body: bytes | str) -> list[dict[str, Any]]:
-    """The events of an SSE body; each frame's id and event name must match its JSON."""
+    """The events of an SSE body; each frame's event name must match its JSON, and its id too (a
+    child run's frames, on its parent's stream, have none: the id is the parent's seq)."""
     text = body.decode() if isinstance(body, bytes) else body
     frames = [f for f in text.split("\n\n") if f.strip() and not f.startswith(":")]
     out = []
     for frame in frames:
         fields = dict(line.split(": ", 1) for line in frame.splitlines())
         event = json.loads(fields["data"])
-        assert fields["id"] == str(event["seq"]) and fields["event"] == event["type"]
+        assert fields["event"] == event["type"]
+        assert fields.get("id") == (None if "parent_run_id" in event else str(event["seq"]))
         out.append(event)
     return out
 

@@ -698,7 +698,7 @@ class Connection {
     const {base, fetch} = this.options;
     let response;
     try {
-      response = await fetch(`${base}${this.ssePath()}?after=${this.after()}`, {
+      response = await fetch(`${base}${this.ssePath()}?${this.socketQuery()}`, {
         headers: {Accept: "text/event-stream", ...httpHeaders(this.options)},
         credentials: "same-origin",
         signal: controller.signal,
@@ -1161,8 +1161,9 @@ export class RunClient extends Connection {
   }
 
   socketQuery() {
-    // The runs below this one come on its socket too: resumed where this client has them.
-    const below = this.state.resumeBelow().join(",");
+    // The runs below this one come on its stream too: resumed where this client has them (the
+    // latest, within what the server takes; the others come again from their start).
+    const below = this.state.resumeBelow().slice(-RESUME_RUNS).join(",");
     return `after=${this.after()}` + (below ? `&resume=${encodeURIComponent(below)}` : "");
   }
 
@@ -1297,7 +1298,9 @@ export class ThreadClient extends Connection {
     // every run again; named, each run is replayed after the client's seq of it, or restarted
     // (replay.truncated) when the server no longer knows that seq.
     const shown = [...this.state.runs.values()].filter((run) => run.last_seq > 0).slice(-RESUME_RUNS);
-    const resume = shown.flatMap((run) => [`${run.run_id}:${run.last_seq}`, ...run.resumeBelow()]).join(",");
+    // A child run counts toward the server's cap as a run does: the latest pairs are kept.
+    const resume = shown.flatMap((run) => [`${run.run_id}:${run.last_seq}`, ...run.resumeBelow()])
+      .slice(-RESUME_RUNS).join(",");
     const scope = this.scope === null ? "" : `&scope=${encodeURIComponent(this.scope)}`;
     return (resume ? `after=0&resume=${encodeURIComponent(resume)}` : "after=0") + scope;
   }
