@@ -6,6 +6,7 @@ changes it."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from typing import TYPE_CHECKING, Any
@@ -16,8 +17,13 @@ if TYPE_CHECKING:
 
 
 def _named(value: Any) -> str:
-    """A callable by the name it is found under: its body is not hashed."""
-    return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', repr(value))}"
+    """A callable by the name it is found under: its body is not hashed. One without a name (a
+    ``functools.partial``, an instance with ``__call__``) by what it wraps or its class: never by
+    ``repr``, which may hold an address that differs from process to process."""
+    while isinstance(value, functools.partial):
+        value = value.func
+    named = value if hasattr(value, "__qualname__") else type(value)
+    return f"{getattr(named, '__module__', '')}.{named.__qualname__}"
 
 
 def _tool(tool: Tool) -> dict[str, Any]:

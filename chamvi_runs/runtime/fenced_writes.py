@@ -218,12 +218,12 @@ class FencedWrites:
                 self.emit(events.run_waiting(**waiting_event(waitpoint)))
         run = self.db.run(self.claim.run_id)
         for waitpoint in waitpoints:
-            signals.run_waiting.send(Run, run=run, waitpoint=waitpoint)
             if waitpoint.child_id is not None:
-                # Nobody is asked: the child run decides this wait when it settles.
+                # Nobody is asked (no run_waiting, no notifier): the child run decides this wait.
                 enqueue(waitpoint.child_id)
-            else:
-                notify(agent, run, waitpoint)
+                continue
+            signals.run_waiting.send(Run, run=run, waitpoint=waitpoint)
+            notify(agent, run, waitpoint)
         return Waiting()
 
     def conclude(

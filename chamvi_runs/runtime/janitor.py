@@ -32,6 +32,9 @@ class TickReport:
     """Notifications re-sent."""
     woken: int = 0
     """Parents woken by a child that settled in a process that died before waking them."""
+    orphans: int = 0
+    """Child runs cancelled because their parent settled, in a process that died before it
+    cancelled them."""
 
     @property
     def requeued(self) -> int:
@@ -41,7 +44,7 @@ class TickReport:
     @property
     def quiet(self) -> bool:
         """Nothing was due: the tick did nothing."""
-        return not (self.enqueued or self.expired or self.notified or self.woken)
+        return not (self.enqueued or self.expired or self.notified or self.woken or self.orphans)
 
 
 def tick_once() -> TickReport:
@@ -66,6 +69,10 @@ def tick_once() -> TickReport:
         if parent is not None:
             enqueue(parent)
             report.woken += 1
+    for orphan in store.orphans():
+        if store.cancel(orphan):
+            announce_settled(orphan)
+            report.orphans += 1
     return report
 
 

@@ -42,6 +42,7 @@ from .children import (
     ancestors,
     descendants,
     is_below,
+    orphans,
     settle_into_parent,
     settled_unannounced,
 )
@@ -116,6 +117,7 @@ __all__ = [
     "notification_failed",
     "notify_backoff",
     "open_wait",
+    "orphans",
     "pending_inputs",
     "prune",
     "record_effect",

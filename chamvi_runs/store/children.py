@@ -147,6 +147,15 @@ def is_below(run: Run, run_id: str) -> bool:
     return run_id in ancestors(run)[0]
 
 
+def orphans() -> list[str]:
+    """Active child runs whose parent has settled: the process that settled the parent died before
+    it cancelled them (``chamvi_tick`` does)."""
+    settled = [s.value for s in TERMINAL]
+    return list(
+        Run.objects.filter(parent__status__in=settled, status__in=ACTIVE).values_list("pk", flat=True)[:500]
+    )
+
+
 def active_children(run_id: str) -> list[str]:
     """The children of ``run_id`` that have not settled."""
     return list(Run.objects.filter(parent_id=run_id, status__in=ACTIVE).values_list("pk", flat=True))

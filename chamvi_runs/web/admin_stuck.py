@@ -82,11 +82,12 @@ class StuckRunAdmin(Storable, ReadOnly, admin.ModelAdmin):
     def requeue_runs(self, request: HttpRequest, queryset: QuerySet[StuckRun]) -> None:
         # The queryset is the selection as stuck_runs sees it now: a selected run missing from it is
         # no longer stuck (a worker took it, it was decided or settled) and is left alone.
-        stuck = list(queryset.values_list("pk", flat=True))
+        stuck = {run.pk: run.stuck_child for run in queryset.only("pk")}
         for run_id in sorted(set(request.POST.getlist(ACTION_CHECKBOX_NAME)) - set(stuck)):
             self.message_user(request, f"{run_id} is no longer stuck: skipped.", messages.WARNING)
-        for run_id in stuck:
-            self._report(request, run_id, requeue(run_id))
+        for run_id, child in stuck.items():
+            # A parent stuck on its child run moves once the child does: the child is requeued.
+            self._report(request, child or run_id, requeue(child or run_id))
 
     def _report(self, request: HttpRequest, run_id: str, outcome: Requeued) -> None:
         if outcome == Requeued.ENQUEUED:

@@ -243,3 +243,15 @@ def test_a_parent_waiting_on_a_stuck_child_is_listed_with_the_child(server, root
     assert set(_rows(root_client.get(STUCK, {"reason": "child_stuck"}).content.decode())) == {stuck_parent.pk}
     for run in Run.objects.exclude(status__in=["completed", "failed", "cancelled"]):
         cancel_run(run.pk)
+
+
+def test_requeue_of_a_parent_stuck_on_its_child_requeues_the_child(server, queue):
+    server.script("m-triage", [Reply(tool_call("c1", "billing", '{"task": "refund"}'), finish("tool_calls"))])
+    parent = execute(start_run("triage", "x"))
+    (child,) = Run.objects.filter(parent=parent)
+    Run.objects.filter(pk=child.pk).update(created_at=_ago(minutes=30))
+    queue.empty()
+    said = _requeue(_requeuer(), Run.objects.get(pk=parent.pk))
+    assert said == [f"{child.pk} is on the queue again: a worker will claim it."]
+    assert [job.args for job in queue.get_jobs()] == [[child.pk]]
+    cancel_run(parent.pk)

@@ -254,3 +254,16 @@ def test_nobody_decides_a_wait_for_a_child_run(server):
         assert refused.value.code == "wrong_kind"
     assert WaitPoint.objects.get(pk=wait.pk).decision is None
     cancel_run(parent.pk)
+
+
+def test_chamvi_tick_cancels_the_children_of_a_settled_parent(server, monkeypatch, redis):
+    _delegates(server, "m-triage", ("billing", '{"task": "a"}'), ("research", '{"topic": "b"}'))
+    parent = execute(start_run("triage", "x"))
+    # The process that cancels the parent dies before it cancels the children.
+    monkeypatch.setattr(lifecycle, "cancel_children", lambda run_id: None)
+    assert cancel_run(parent.pk) == "cancelled"
+    assert set(Run.objects.filter(parent=parent).values_list("status", flat=True)) == {"queued"}
+    monkeypatch.undo()
+    assert tick_once().orphans == 2
+    assert set(Run.objects.filter(parent=parent).values_list("status", flat=True)) == {"cancelled"}
+    assert tick_once().orphans == 0

@@ -75,3 +75,13 @@ def test_callables_are_hashed_by_their_names_not_their_bodies(agents):
     second = _agent(agents, "v_callables_again", instructions=instructions, tools=tools)
     assert first.version == second.version
     assert first.version != _agent(agents, "v_plain").version
+
+
+def test_a_callable_object_is_hashed_by_its_class_never_by_its_address(agents):
+    class Instructions:
+        def __call__(self, ctx) -> str:
+            return "Help."
+
+    # Two instances: two addresses, as two processes would have.
+    versions = [_agent(agents, f"v_instance_{n}", instructions=Instructions()).version for n in range(2)]
+    assert versions[0] == versions[1]
