@@ -9,11 +9,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .agent import Agent
-    from .tools import Tool
+from .tools import Tool
 
 
 def _named(value: Any) -> str:
@@ -36,8 +34,9 @@ def _tool(tool: Tool) -> dict[str, Any]:
     }
 
 
-def derived(agent: Agent) -> str:
-    """The hash of ``agent``'s instructions, model, output schema and tools: 12 hex digits."""
+def derived(agent: Any) -> str:
+    """The hash of ``agent``'s (an ``Agent``: this module is below it) instructions, model, output
+    schema and tools: 12 hex digits."""
     tools = agent.tools
     described = {
         "instructions": agent.instructions
