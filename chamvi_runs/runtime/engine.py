@@ -39,6 +39,7 @@ from ..streaming.broadcast import ChannelsBroadcaster
 from ..streaming.serializers import decision_json, start_lineage
 from .fenced_writes import FencedWrites
 from .lease_keeper import keeper
+from .lifecycle import route
 from .model_step import ModelSteps, Position
 from .start_point import start_point
 from .tool_calls import ToolCalls
@@ -71,13 +72,7 @@ class Execution:
         self.abort = AbortSignal()
         self.shutdown = shutdown
         self.run_row: Run = claim.row if claim.row is not None else db.run(claim.run_id)
-        # A child run's events also reach the runs above it, and its topmost ancestor's thread.
-        above, thread, scope = (
-            db.ancestors(self.run_row)
-            if self.run_row.parent_id is not None
-            else ([], self.run_row.thread, self.run_row.scope)
-        )
-        self.broadcaster: Broadcaster = ChannelsBroadcaster(thread, scope, above)
+        self.broadcaster: Broadcaster = ChannelsBroadcaster(*route(self.run_row, db))
         self.writes = FencedWrites(claim, db, self.broadcaster, self.emit)
         self.steps = ModelSteps(claim, self.run_row, self.abort, db, self.writes, self.emit)
 

@@ -14,7 +14,7 @@ from ..dispatch.doorbell import enqueue, waiting_jobs
 from ..errors import AgentNotFound, DecisionRefused
 from ..models import Run, WaitPoint
 from ..store import queries
-from .lifecycle import announce_settled
+from .lifecycle import announce_settled, cancel_now, wake_parent
 from .notifications import notify
 
 logger = logging.getLogger(__name__)
@@ -64,15 +64,8 @@ def tick_once() -> TickReport:
     for waitpoint in queries.unnotified_waitpoints():
         if _renotify(waitpoint):
             report.notified += 1
-    for child in store.settled_unannounced():
-        parent = store.settle_into_parent(child)
-        if parent is not None:
-            enqueue(parent)
-            report.woken += 1
-    for orphan in store.orphans():
-        if store.cancel(orphan):
-            announce_settled(orphan)
-            report.orphans += 1
+    report.woken = sum(wake_parent(child) for child in store.settled_unannounced())
+    report.orphans = sum(cancel_now(orphan) for orphan in store.orphans())
     return report
 
 

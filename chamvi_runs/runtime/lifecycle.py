@@ -4,7 +4,7 @@ event, the ``run_settled`` signal, and the doorbell for whoever runs next."""
 from __future__ import annotations
 
 from .. import signals, store
-from ..core.ports import Broadcaster
+from ..core.ports import Broadcaster, Store
 from ..core.states import TERMINAL, Status
 from ..dispatch.doorbell import enqueue, enqueue_next_in_line
 from ..models import Run
@@ -36,24 +36,38 @@ def announce_settled(
     return run
 
 
-def broadcaster_for(run: Run) -> ChannelsBroadcaster:
-    """Where the run's events go: its groups, and a child run's ancestors' (SPEC §13)."""
+def route(run: Run, db: Store = store) -> tuple[str | None, str, list[str]]:
+    """Where the run's events go besides its own group: the thread (and its scope) and the runs
+    above it. A child run's (SPEC §13) go to its ancestors and its topmost ancestor's thread."""
     if run.parent_id is None:
-        return ChannelsBroadcaster(run.thread, run.scope)
-    above, thread, scope = store.ancestors(run)
-    return ChannelsBroadcaster(thread, scope, above)
+        return run.thread, run.scope, []
+    above, thread, scope = db.ancestors(run)
+    return thread, scope, above
 
 
-def wake_parent(child: Run) -> None:
-    """A settled child decides its parent's wait for it; the last one re-queues the parent. A
-    process that dies before this leaves the parent waiting: ``chamvi_tick`` calls it again."""
+def broadcaster_for(run: Run) -> ChannelsBroadcaster:
+    return ChannelsBroadcaster(*route(run))
+
+
+def wake_parent(child: Run) -> bool:
+    """A settled child decides its parent's wait for it; the last one re-queues the parent (True).
+    A process that dies before this leaves the parent waiting: ``chamvi_tick`` calls it again."""
     parent = store.settle_into_parent(child)
     if parent is not None:
         enqueue(parent)
+    return parent is not None
 
 
 def cancel_children(run_id: str) -> None:
     """A cancelled run cancels the children it started that are still active, and theirs."""
     for child in store.active_children(run_id):
-        if store.cancel(child):
-            announce_settled(child)
+        cancel_now(child)
+
+
+def cancel_now(run_id: str) -> bool:
+    """Cancel a run no worker holds, and announce it (its own children follow); False when a worker
+    holds it (it aborts within a second) or it had settled."""
+    if not store.cancel(run_id):
+        return False
+    announce_settled(run_id)
+    return True

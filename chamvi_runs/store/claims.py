@@ -42,7 +42,7 @@ class _Free(NamedTuple):
     claim_owner: str | None
 
 
-# A claim's two statements on PostgreSQL, as the ORM builds them on other databases: the run is
+# A claim's two statements on PostgreSQL (``step_sql.applies``), as the ORM builds them elsewhere: the run is
 # free when no claim names it or its lease ran out by the database's clock. The take counts a
 # stalled execution now, reset by the execution's first write: an execution that dies before
 # writing anything (its tool killed the worker) stays counted.
@@ -72,7 +72,7 @@ def _free_row(run_id: str) -> _Free | None:
     """Inside the claim's transaction: the run, locked, if it is claimable and free; None when it
     is not, or another claimer holds its row (SKIP LOCKED)."""
     claimable = [s.value for s in CLAIMABLE]
-    if connection.vendor == "postgresql":
+    if step_sql.applies():
         with connection.cursor() as cursor:
             cursor.execute(_FREE.format(run=Run._meta.db_table), [run_id, claimable])
             row = cursor.fetchone()
@@ -91,7 +91,7 @@ def _take(run_id: str, status: str, owner: str, lease_seconds: float) -> Run | b
     transition); any other becomes running, as the table allows. On PostgreSQL, the run as the
     write left it (the execution reads it no more); elsewhere, whether it applied."""
     legal = [Status.RUNNING] if status == Status.RUNNING else sources_of(Status.RUNNING)
-    if connection.vendor == "postgresql":
+    if step_sql.applies():
         with connection.cursor() as cursor:
             cursor.execute(
                 _TAKE.format(run=Run._meta.db_table, columns=step_sql.run_columns()),
@@ -237,7 +237,7 @@ def start_model_call(claim: Claim) -> list[RunInput] | None:
 
     On PostgreSQL both are one statement (a data-modifying CTE): a run makes one such round trip
     per model call instead of two."""
-    if connection.vendor != "postgresql":
+    if not step_sql.applies():
         if not count_model_call(claim):
             return None
         return pending_inputs(claim.run_id)

@@ -137,14 +137,8 @@ def save_step(
     """Steps + checkpoint + usage of one model call (or of tools run after a decision), atomically.
     The call itself was counted before it was made (``count_model_call``). False: the claim is lost
     (or another execution recorded these steps first), and nothing was written."""
-    try:
-        with transaction.atomic():
-            _record(claim, steps, messages, finish_reason, usage, consumed_inputs, stored=stored)
-            crash_point("before_step_commit")
-    except _Refused:
-        return False
-    crash_point("after_step_commit")
-    return True
+    saved = _save(claim, steps, messages, finish_reason, usage, consumed_inputs, stored, count_call=False)
+    return saved is not None
 
 
 def save_step_and_count(
@@ -162,10 +156,33 @@ def save_step_and_count(
     steering inputs waiting for it are returned, oldest first. None: the claim is lost, and
     nothing was written. An execution that ends without making the counted call takes it back
     with its settle (``settle(uncount_call=True)``)."""
+    return _save(claim, steps, messages, finish_reason, usage, consumed_inputs, stored, count_call=True)
+
+
+def _save(
+    claim: Claim,
+    steps: list[StepRecord],
+    messages: list[Message],
+    finish_reason: str,
+    usage: Usage,
+    consumed_inputs: Iterable[str],
+    stored: Stored | None,
+    *,
+    count_call: bool,
+) -> list[RunInput] | None:
+    """The transaction of both saves: the inputs waiting for the counted call (none counted: an
+    empty list), or None when the claim is lost."""
     try:
         with transaction.atomic():
             waiting = _record(
-                claim, steps, messages, finish_reason, usage, consumed_inputs, stored=stored, count_call=True
+                claim,
+                steps,
+                messages,
+                finish_reason,
+                usage,
+                consumed_inputs,
+                stored=stored,
+                count_call=count_call,
             )
             crash_point("before_step_commit")
     except _Refused:

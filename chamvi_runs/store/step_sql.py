@@ -1,12 +1,14 @@
-"""The writes of every step, as SQL on PostgreSQL: the renewal with a model call's usage before its
-tools run, the fenced usage update of the run, the steps' insert and the checkpoint's move. They
-are what a run writes most (each model call and each batch of tool results), and building them
+"""A run's hot path as SQL on PostgreSQL: the writes of every step (the renewal with a model
+call's usage before its tools run, the fenced usage update with the next call's count, the steps'
+insert, the checkpoint's move or first insert), the final answer's settle, an effect tool's three
+statements, and the run row these return. They are what a run writes most, and building them
 through the ORM cost several times what PostgreSQL takes to run them (a fenced UPDATE 0.6 ms of
-CPU against 0.05-0.1 ms as SQL). Each statement is the one the ORM sent, column for column, with
-the same fence; other databases take the ORM's (``claims``, ``progress``, ``histories``), and so
-does every rarer write.
+CPU against 0.05-0.1 ms as SQL). Each statement does what the ORM's did, column for column, with
+the same fence; other databases take the ORM's (``claims``, ``progress``, ``histories``,
+``effects``), and so does every rarer write. ``applies`` is the one switch: the claim's two
+statements and a model call's count (``claims``) follow it too.
 
-Every write here but the renewal runs inside the transaction of a save (``progress._record``)."""
+Every write here but the renewal runs inside a transaction of its caller's."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from ..models import Checkpoint, EffectRecord, Run, RunInput, Step
 
 
 def applies() -> bool:
+    """Whether the hot path's writes are this module's SQL (PostgreSQL), or the ORM's."""
     return connection.vendor == "postgresql"
 
 

@@ -50,6 +50,7 @@ from ..policy import policy
 from ..streaming.broadcast import events_of, run_group
 from ..streaming.cursor import Cursor, Reread, drops
 from ..streaming.replay import end_lost, missed_after, replay_for
+from .family import Family
 from .socket_auth import current_user, refused_token, subprotocol
 from .socket_commands import MAX_DEPTH, answer, error, malformed
 from .socket_query import BadQuery, after_of, query_of, resume_of
@@ -144,21 +145,9 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         if seqs is None:
             return None
         after, resume = seqs
-        below = await database_sync_to_async(self._family)()
+        self.family = Family(self.run_id)
+        below = await database_sync_to_async(self.family.look)(self.viewer)
         return {self.run_id: after, **{run_id: resume.get(run_id, 0) for run_id in below}}
-
-    def _family(self) -> list[str]:
-        """The runs below this socket's run that its user may view; ``below`` remembers each."""
-        runs = Run.objects.filter(pk__in=store.descendants(self.run_id))
-        self.below = {run.pk: bool(policy().can_view(self.viewer, run)) for run in runs}
-        return [run_id for run_id, visible in self.below.items() if visible]
-
-    def _below(self, run_id: str) -> bool:
-        """A run this socket's run delegated to, directly or not, that its user may view."""
-        run = Run.objects.filter(pk=run_id).first()
-        return (
-            run is not None and store.is_below(run, self.run_id) and bool(policy().can_view(self.viewer, run))
-        )
 
     async def _query(self, read: Callable[[dict[str, list[str]]], T]) -> T | None:
         try:
@@ -207,11 +196,12 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             if run_id != self.run_id:
                 # A child run's event (its parent_run_id names this run or one below it): one
                 # started after this socket connected is looked up once.
-                if run_id not in self.below:
-                    self.below[run_id] = await database_sync_to_async(self._below)(run_id)
-                    if self.below[run_id]:
+                shown = self.family.below.get(run_id)
+                if shown is None:
+                    shown = await database_sync_to_async(self.family.shows)(run_id, self.viewer)
+                    if shown:
                         self.cursor.follow(run_id)
-                if not self.below[run_id]:
+                if not shown:
                     continue
             await self._deliver(event)
 

@@ -14,6 +14,7 @@ from ..policy import policy
 from ..streaming.broadcast import events_of, thread_group
 from . import threads
 from .consumers import FORBIDDEN, THREAD_REPLAY_RUNS, RunConsumer
+from .family import visible_below
 from .socket_commands import is_id
 from .socket_query import after_of, query_of, resume_of
 
@@ -93,10 +94,9 @@ class ThreadConsumer(RunConsumer):
 
     def _children_of(self, run_ids: list[str]) -> list[str]:
         """The runs below ``run_ids`` its user may view (``visible`` remembers each)."""
-        below = store.descendants(*run_ids)
-        for run in Run.objects.filter(pk__in=below):
-            self.visible[run.pk] = bool(policy().can_view(self.viewer, run))
-        return [pk for pk in below if self.visible.get(pk)]
+        below = visible_below(self.viewer, *run_ids)
+        self.visible.update(below)
+        return [pk for pk, visible in below.items() if visible]
 
     def _target(self, content: dict[str, Any]) -> Run | None:
         """A steering message on a thread socket names its run, which must be of this thread."""

@@ -33,16 +33,15 @@ from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import connections
 from django.http import HttpRequest, StreamingHttpResponse
 
-from .. import store
 from ..core.numbers import ascii_int
 from ..core.states import TERMINAL
 from ..models import Run
-from ..policy import policy
 from ..streaming.broadcast import events_of, publisher, run_group
 from ..streaming.cursor import QUIET_SECONDS, Cursor, Reread
 from ..streaming.events import RUN_END
 from ..streaming.replay import missed_after, replay_for, settled_after
 from .errors import ApiError
+from .family import Family
 from .socket_query import BadQuery, resume_of
 from .views_api import _run_for, api_view
 
@@ -59,14 +58,14 @@ T = TypeVar("T")
 @api_view("GET")
 def run_stream(request: HttpRequest, run_id: str) -> StreamingHttpResponse:
     run = _run_for(request, run_id)
-    family = _Family(run.pk, request.user)
-    family.look()
+    family = Family(run.pk)
+    family.look(request.user)
     try:
         resume = resume_of({"resume": [request.GET.get("resume", "")]})
     except BadQuery as exc:
         raise ApiError(400, "invalid_field", str(exc)) from None
     response = StreamingHttpResponse(
-        _events(run.pk, _after(request), family, resume), content_type="text/event-stream"
+        _events(run.pk, _after(request), family, request.user, resume), content_type="text/event-stream"
     )
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
@@ -111,33 +110,6 @@ def _opening(run_id: str, after: int) -> tuple[list[dict[str, Any]], dict[str, A
     whether the run had settled (or was gone) before it."""
     settled = _settled(run_id)
     return *replay_for(run_id, after), settled
-
-
-class _Family:
-    """The runs below the stream's run (its child runs, SPEC §13) that its viewer may view: their
-    events come on the run's group too, from their start."""
-
-    def __init__(self, run_id: str, viewer: Any) -> None:
-        self.run_id = run_id
-        self.viewer = viewer
-        self.below: dict[str, bool] = {}
-
-    def look(self) -> list[str]:
-        """The visible runs below, as they are now."""
-        for run in Run.objects.filter(pk__in=store.descendants(self.run_id)):
-            self.below[run.pk] = bool(policy().can_view(self.viewer, run))
-        return [run_id for run_id, visible in self.below.items() if visible]
-
-    def shows(self, run_id: str) -> bool:
-        """Whether a run whose event came on the group is one below, visible to the viewer."""
-        if run_id not in self.below:
-            run = Run.objects.filter(pk=run_id).first()
-            self.below[run_id] = (
-                run is not None
-                and store.is_below(run, self.run_id)
-                and bool(policy().can_view(self.viewer, run))
-            )
-        return self.below[run_id]
 
 
 def _read(reread: Reread) -> list[dict[str, Any]]:
@@ -209,7 +181,9 @@ def _frames(events: list[dict[str, Any]], run_id: str) -> list[str]:
     return frames
 
 
-async def _events(run_id: str, after: int, family: _Family, resume: dict[str, int]) -> AsyncIterator[str]:
+async def _events(
+    run_id: str, after: int, family: Family, viewer: Any, resume: dict[str, int]
+) -> AsyncIterator[str]:
     # The view's connection, opened in this request's thread, would stay open until the response
     # ends: close it now.
     await sync_to_async(connections.close_all)()
@@ -246,12 +220,15 @@ async def _events(run_id: str, after: int, family: _Family, resume: dict[str, in
             try:
                 for event in live or []:
                     other = event.get("run_id", "")
-                    if other != run_id and other not in cursor.last:
-                        if not await _briefly(family.shows, other):
+                    if other != run_id:
+                        # A child run's event: one started since the stream opened is looked up once.
+                        shown = family.below.get(other)
+                        if shown is None:
+                            shown = await _briefly(family.shows, other, viewer)
+                            if shown:
+                                cursor.follow(other)
+                        if not shown:
                             continue
-                        cursor.follow(other)
-                    elif other != run_id and not family.below.get(other, False):
-                        continue
                     reread = cursor.before_live(event)
                     if reread is not None:
                         sent += cursor.repaired(reread, await _briefly(_read, reread))
