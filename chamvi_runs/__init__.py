@@ -10,6 +10,7 @@ from .core.budget import Budget
 
 if TYPE_CHECKING:
     from .agents.agent import Agent, Approval, RunContext
+    from .agents.versions import VersionChange
     from .api import answer, approve, cancel_run, deny, regenerate, resend, send_input, start_run
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "Approval",
     "Budget",
     "RunContext",
+    "VersionChange",
     "answer",
     "approve",
     "cancel_run",
@@ -35,6 +37,7 @@ _LAZY = {
     "Approval": "agents.agent",
     "answer": "api",
     "RunContext": "agents.agent",
+    "VersionChange": "agents.versions",
     "approve": "api",
     "cancel_run": "api",
     "deny": "api",

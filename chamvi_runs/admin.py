@@ -21,7 +21,7 @@ from django.utils.safestring import SafeString
 from django.views.decorators.debug import sensitive_variables
 
 from . import api
-from .models import ApiToken, Checkpoint, Run, Step, StuckRun, WaitPoint
+from .models import ApiToken, Checkpoint, Run, Step, StuckRun, WaitPoint, WorkerVersion
 from .streaming.serializers import pretty_json, question
 from .web.admin_lists import (
     AgentFilter,
@@ -35,6 +35,7 @@ from .web.admin_lists import (
     short,
 )
 from .web.admin_stuck import StuckRunAdmin as StuckRunAdmin  # public here: docs/public-api.md
+from .web.admin_stuck import WorkerVersionAdmin
 from .web.approvals import decide
 from .web.auth import create_token
 from .web.errors import ApiError
@@ -236,6 +237,7 @@ class RunAdmin(Storable, ReadOnly, admin.ModelAdmin):
 
 
 admin.site.register(StuckRun, StuckRunAdmin)
+admin.site.register(WorkerVersion, WorkerVersionAdmin)
 
 
 @admin.register(WaitPoint)

@@ -178,7 +178,7 @@ def _start(
             replaces=replaces,
         )
         if created:
-            enqueue(run.pk)
+            enqueue(run.pk, (run.agent, run.agent_version))
     return run
 
 

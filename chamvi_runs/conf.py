@@ -29,6 +29,7 @@ DEFAULTS: dict[str, Any] = {
     "MAX_INVALID_TOOL_CALLS": 3,
     "MAX_ATTEMPTS": 5,
     "MAX_CHILD_DEPTH": 3,
+    "VERSION_GRACE_SECONDS": 300,
     "CONCURRENCY": 1,
     "MODEL": "chamvi_runs.llm_openai.OpenAIModel",
     "METRICS_PORT": None,
@@ -126,6 +127,12 @@ class Conf:
     @property
     def MAX_ATTEMPTS(self) -> int:
         return int(self._get("MAX_ATTEMPTS"))
+
+    @property
+    def VERSION_GRACE_SECONDS(self) -> float:
+        """How long after the last worker with an agent version was seen its waiting runs are moved
+        on by the agent's ``on_version_change`` rule (SPEC §14)."""
+        return float(self._get("VERSION_GRACE_SECONDS"))
 
     @property
     def MAX_CHILD_DEPTH(self) -> int:

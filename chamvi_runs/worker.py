@@ -21,6 +21,10 @@ Several sites whose workers share a Redis queue (the default name, ``chamvi``) w
 other's jobs: a job stamped by another site, for a run this database does not hold, goes back to
 the queue untouched, and the worker logs an error naming the fix once (``dispatch.sites``).
 
+During a deploy, old and new workers share the queue: each says which agent versions it has
+(``runtime.presence``), claims only runs of those, and puts a job of another version back for a
+live worker that has it, or drops it when none has (``dispatch.versions``).
+
 With ``CHAMVI_RUNS["METRICS_PORT"]`` set, the process serves its Prometheus metrics on that port
 (``chamvi_runs.metrics``): its executions, steps and events are counted here, not in a web process.
 """
@@ -36,10 +40,12 @@ from django.db import connections
 from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker
 
+from .agents.agent import registry
 from .conf import conf
 from .core.types import AbortSignal
-from .dispatch import sites
+from .dispatch import sites, versions
 from .modes import EXECUTE, ThreadExecutor
+from .runtime.presence import presence
 from .store.connections import pooled
 
 logger = logging.getLogger(__name__)
@@ -61,7 +67,8 @@ COMMANDS_POLL_SECONDS = 1.0
 read: also how long a stopping worker may wait for it."""
 
 FOREIGN_JOB_PAUSE = 1.0
-"""How long a worker that finds only other sites' jobs in its queue waits before looking again."""
+"""How long a worker that finds only other sites' (or other versions') jobs in its queue waits
+before looking again."""
 
 
 class Worker(SimpleWorker):
@@ -77,6 +84,7 @@ class Worker(SimpleWorker):
         if executions is None:
             executions = ThreadExecutor(conf.CONCURRENCY, job=EXECUTE, shutdown=shutdown)
         self.run_threads = executions
+        self.router = versions.Router()
         port = conf.METRICS_PORT
         if port is not None:
             from . import metrics  # prometheus-client: the system checks ask for it (E024)
@@ -85,6 +93,8 @@ class Worker(SimpleWorker):
 
     def work(self, burst: bool = False, *args: Any, **kwargs: Any) -> bool:
         cold = False
+        # Which agent versions this worker has, said before it takes a job (SPEC §14).
+        presence.start()
         try:
             return bool(super().work(burst, *args, **kwargs))
         except SystemExit:
@@ -93,6 +103,9 @@ class Worker(SimpleWorker):
         finally:
             if not cold:
                 self._drain(burst)
+                # Its versions are not live from now on: their runs wait for another worker, or
+                # their agent's rule.
+                presence.stop()
 
     def _drain(self, burst: bool) -> None:
         if burst and not shutdown.is_set():
@@ -151,27 +164,37 @@ class Worker(SimpleWorker):
         while not self.run_threads.wait_for_free(1.0):
             self.heartbeat()
         put_back: set[str] = set()
-        while True:
-            result = self._dequeue(timeout, max_idle_time)
-            if result is None:
-                return None
-            job, queue = result
-            database = sites.foreign_site(job)
-            # This thread executes no run: the connection the check may have opened (once per
-            # process, or for another site's job) is not kept beside the executions' own.
-            connections.close_all()
-            if database is None:
-                return result
-            self._put_back(job, queue)
-            sites.report_once(job, queue.name, database)
-            if job.id in put_back:
-                # Only other sites' jobs are left: a burst is done; otherwise wait before looking again,
-                # or the worker would spin on them.
-                if timeout is None:
+        mine = registry.versions()
+        try:
+            while True:
+                result = self._dequeue(timeout, max_idle_time)
+                if result is None:
                     return None
-                shutdown.wait(FOREIGN_JOB_PAUSE)
-                self.heartbeat()
-            put_back.add(job.id)
+                job, queue = result
+                database = sites.foreign_site(job)
+                route = self.router.route(job, mine) if database is None else None
+                if route is versions.Route.TAKE:
+                    return result
+                if route is versions.Route.DROP:
+                    self._drop(job, queue)
+                    versions.report_drop(job)
+                    continue
+                self._put_back(job, queue)
+                if database is not None:
+                    sites.report_once(job, queue.name, database)
+                if job.id in put_back:
+                    # Only jobs for other sites or versions are left: a burst is done; otherwise
+                    # wait before looking again, or the worker would spin on them.
+                    if timeout is None:
+                        return None
+                    connections.close_all()
+                    shutdown.wait(FOREIGN_JOB_PAUSE)
+                    self.heartbeat()
+                put_back.add(job.id)
+        finally:
+            # This thread executes no run: the connection the checks may have opened (once per
+            # process, or for another site's or version's jobs) is not kept beside the executions'.
+            connections.close_all()
 
     def _dequeue(self, timeout: int | None, max_idle_time: int | None) -> Any:
         # It waits for Redis itself once it is listening; what it writes before (its state) does not.
@@ -181,6 +204,14 @@ class Worker(SimpleWorker):
             except redis.exceptions.ConnectionError as exc:
                 logger.warning("dequeue: Redis went away (%s); retrying in 1 s", exc)
                 time.sleep(1)
+
+    def _drop(self, job: Any, queue: Any) -> None:
+        """``job`` leaves the queue: no live worker has its run's version (``dispatch.versions``)."""
+        with self.connection.pipeline() as pipeline:
+            # Taken from the queue, it is in no registry yet: its hash is all there is to remove.
+            pipeline.lrem(queue.intermediate_queue_key, 1, job.id)
+            pipeline.delete(job.key)
+            pipeline.execute()
 
     def _put_back(self, job: Any, queue: Any) -> None:
         """``job`` to the end of its queue as it was: its hash is not touched (still ``queued``), and

@@ -74,6 +74,7 @@ class Agent:
         on_approval_expired: str = "deny",
         input: type[pydantic.BaseModel] | dict[str, Any] | None = None,
         version: str | None = None,
+        on_version_change: versions.VersionRule | None = None,
     ) -> None:
         if not name or not isinstance(name, str):
             raise ImproperlyConfigured("Agent name must be a non-empty string")
@@ -103,7 +104,14 @@ class Agent:
             raise ImproperlyConfigured(f"Agent {name}: notifier must be callable(run, waitpoint)")
         if version is not None and not (isinstance(version, str) and 0 < len(version) <= 64):
             raise ImproperlyConfigured(f"Agent {name}: version must be a string of 1 to 64 characters")
+        if on_version_change is not None and not (
+            on_version_change in versions.MOVES or callable(on_version_change)
+        ):
+            raise ImproperlyConfigured(
+                f"Agent {name}: on_version_change must be 'continue', 'fail' or callable(change)"
+            )
         self._version = version
+        self.on_version_change = on_version_change
         try:
             self.input_model = delegation.input_model(name, input)
         except TypeError as exc:
@@ -278,6 +286,12 @@ class AgentRegistry:
 
     def names(self) -> list[str]:
         return sorted(self._agents)
+
+    def versions(self) -> dict[str, str]:
+        """Each agent's version: what this process executes (SPEC §14)."""
+        with self._lock:
+            agents = list(self._agents.values())
+        return {agent.name: agent.version for agent in agents}
 
 
 registry = AgentRegistry()

@@ -9,9 +9,32 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 from .tools import Tool
+
+if TYPE_CHECKING:
+    from ..models import Run
+
+Move = Literal["continue", "fail"]
+MOVES: tuple[Move, ...] = ("continue", "fail")
+
+
+@dataclass(frozen=True)
+class VersionChange:
+    """What an agent's ``on_version_change`` rule is asked about: a run of version ``old``, which
+    no worker has any more, that would go on under ``new`` (this process's version of the agent)."""
+
+    run: Run
+    old: str
+    new: str
+    called: frozenset[str]
+    """The names of the tools the run's history called, or asked approval or an answer for."""
+
+
+VersionRule = Move | Callable[[VersionChange], Move]
 
 
 def _named(value: Any) -> str:
@@ -48,3 +71,27 @@ def derived(agent: Any) -> str:
     }
     text = json.dumps(described, sort_keys=True, default=str, ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def missing_tools(agent: Any, called: frozenset[str]) -> list[str]:
+    """The tools of ``called`` that ``agent`` (an ``Agent``) no longer has; none for an agent whose
+    tools a callable builds per run (they are known only then: a removed one is a tool error)."""
+    if callable(agent.tools):
+        return []
+    return sorted(called - {t.name for t in agent.tools})
+
+
+def move(agent: Any, change: VersionChange) -> Move:
+    """What ``agent``'s rule says of ``change``. The default goes on when every tool the run called
+    is still there, and fails it otherwise: its history would hold calls the model cannot make."""
+    rule = agent.on_version_change
+    if rule is None:
+        return "fail" if missing_tools(agent, change.called) else "continue"
+    if callable(rule):
+        said = rule(change)
+        if said not in MOVES:
+            raise ValueError(
+                f"on_version_change of agent {agent.name!r} returned {said!r}, not 'continue' or 'fail'"
+            )
+        return said  # type: ignore[no-any-return]
+    return rule  # type: ignore[no-any-return]

@@ -4,7 +4,7 @@ through, the model it streams, and the broadcaster its events go out by. The Dja
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from .branches import Node
@@ -34,7 +34,9 @@ class Store(Protocol):
     lost, or, for writes that keep a run going, a cancel was requested)."""
 
     # --- writes of an execution ---
-    def claim(self, run_id: str, owner: str, lease_seconds: float) -> Claim | None: ...
+    def claim(
+        self, run_id: str, owner: str, lease_seconds: float, versions: Mapping[str, str] | None = ...
+    ) -> Claim | None: ...
 
     def renew(self, claim: Claim, lease_seconds: float, *, usage: Usage = ...) -> bool: ...
 

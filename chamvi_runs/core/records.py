@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -28,6 +29,13 @@ class Claim:
     row: Any = field(default=None, compare=False, repr=False)
     """The run as the claim left it, when the claim's write returned it (PostgreSQL): the
     execution needs no read of its own."""
+
+
+def lacks_version(versions: Mapping[str, str] | None, agent: str, version: str) -> bool:
+    """A claim's version rule (SPEC §14): a process with ``versions`` (agent -> version; None: any)
+    does not execute a run of ``agent`` recorded at ``version`` unless it has that version. A run
+    recorded before versions were (``version`` empty) is any process's."""
+    return versions is not None and bool(version) and versions.get(agent) != version
 
 
 @dataclass(frozen=True)

@@ -70,5 +70,8 @@ class ErrorCode(StrEnum):
     INVALID_OUTPUT = "invalid_output"
     TOOL_LOOP = "tool_loop"
     INTERNAL_ERROR = "internal_error"
+    AGENT_VERSION_GONE = "agent_version_gone"
+    """The run's agent version is gone from every worker, and its agent's ``on_version_change``
+    rule failed it (SPEC §14)."""
     HISTORY_UNAVAILABLE = "history_unavailable"
     """A fork, regenerate or resend whose starting history was pruned before the run started."""

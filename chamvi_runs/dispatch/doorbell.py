@@ -11,17 +11,19 @@ from ..core.faults import crash_point
 from ..models import Run
 from ..modes import mode
 from ..store import queries
-from .sites import stamp
+from . import sites, versions
 
 
-def enqueue(run_id: str) -> None:
-    """Ring the doorbell for ``run_id`` once the current transaction (if any) commits."""
-    transaction.on_commit(lambda: _enqueue_now(run_id), robust=True)
+def enqueue(run_id: str, version: tuple[str, str] | None = None) -> None:
+    """Ring the doorbell for ``run_id`` once the current transaction (if any) commits. ``version``:
+    the run's agent and version, when the caller has them (a queued job carries them; it reads them
+    otherwise)."""
+    transaction.on_commit(lambda: _enqueue_now(run_id, version), robust=True)
 
 
-def _enqueue_now(run_id: str) -> None:
+def _enqueue_now(run_id: str, version: tuple[str, str] | None) -> None:
     crash_point("before_enqueue")
-    mode().ring(run_id, stamp)
+    mode().ring(run_id, lambda: {**sites.stamp(), **versions.stamp(run_id, version)})
 
 
 def waiting_jobs() -> set[str]:

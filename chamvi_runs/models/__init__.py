@@ -2,7 +2,8 @@
 every write of run state goes through ``chamvi_runs.store``.
 
 A package, one module per concern: ``runs`` (a run, its thread, its steps and its checkpoint),
-``waits``, ``inputs``, ``records`` (attachments, effect results, API tokens) and ``ids``. Every name
+``waits``, ``inputs``, ``records`` (attachments, effect results, API tokens), ``workers`` (the agent versions
+of the processes that execute runs) and ``ids``. Every name
 is re-exported here: sites import them from ``chamvi_runs.models``, and the migrations name the id
 factories by that path."""
 
@@ -16,6 +17,7 @@ from .runs import Checkpoint, Run, Step, StuckRun, Thread
 from .waits import WaitPoint
 from .inputs import RunInput
 from .records import ApiToken, Artifact, EffectRecord
+from .workers import WorkerVersion
 
 # isort: on
 
@@ -30,6 +32,7 @@ __all__ = [
     "StuckRun",
     "Thread",
     "WaitPoint",
+    "WorkerVersion",
     "new_approval_id",
     "new_artifact_id",
     "new_id",

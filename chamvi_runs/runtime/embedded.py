@@ -63,6 +63,10 @@ def start_embedded(interval: float = 2.0) -> None:
             return
         site.executor()
         _embedded.started = True
+    from .presence import presence  # imports the models, as the janitor does
+
+    # This process executes runs: which agent versions it has (SPEC §14), like a worker's.
+    presence.start()
     threading.Thread(target=_janitor_loop, args=(interval,), name="chamvi-janitor", daemon=True).start()
 
 

@@ -56,9 +56,12 @@ def worker_identity() -> str:
 
 def execute(run_id: str, *, shutdown: AbortSignal | None = None, owner: str | None = None) -> str | None:
     """Claim ``run_id`` and execute it until it settles, waits or is aborted. Returns the status the
-    execution left, or None when the run could not be claimed (a duplicate job is harmless)."""
+    execution left, or None when the run could not be claimed (a duplicate job is harmless, and a
+    run of a version this process does not have is left to a process that has it)."""
     close_old_connections()
-    claim = STORE.claim(run_id, owner or worker_identity(), conf.LEASE_SECONDS)
+    # Only a run of a version this process has (SPEC §14): during a deploy, old workers leave the
+    # new version's runs to new workers, and the other way round.
+    claim = STORE.claim(run_id, owner or worker_identity(), conf.LEASE_SECONDS, registry.versions())
     if claim is None:
         return None
     crash_point("after_claim")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import timedelta
 from enum import StrEnum
 
 from .. import store
@@ -14,10 +15,14 @@ from ..dispatch.doorbell import enqueue, waiting_jobs
 from ..errors import AgentNotFound, DecisionRefused
 from ..models import Run, WaitPoint
 from ..store import queries
+from . import version_moves
 from .lifecycle import announce_settled, cancel_now, wake_parent
 from .notifications import notify
 
 logger = logging.getLogger(__name__)
+
+FORGET_WORKERS_AFTER = timedelta(days=1)
+"""How long the versions of a process that stopped, or died, are kept (``store.versions``)."""
 
 
 @dataclass
@@ -35,6 +40,11 @@ class TickReport:
     orphans: int = 0
     """Child runs cancelled because their parent settled, in a process that died before it
     cancelled them."""
+    moved: int = 0
+    """Runs of an agent version gone from every worker that their agent's rule moved to the
+    current version (SPEC §14)."""
+    version_failed: int = 0
+    """Runs of an agent version gone from every worker that their agent's rule failed."""
 
     @property
     def requeued(self) -> int:
@@ -44,7 +54,15 @@ class TickReport:
     @property
     def quiet(self) -> bool:
         """Nothing was due: the tick did nothing."""
-        return not (self.enqueued or self.expired or self.notified or self.woken or self.orphans)
+        return not (
+            self.enqueued
+            or self.expired
+            or self.notified
+            or self.woken
+            or self.orphans
+            or self.moved
+            or self.version_failed
+        )
 
 
 def tick_once() -> TickReport:
@@ -66,6 +84,9 @@ def tick_once() -> TickReport:
             report.notified += 1
     report.woken = sum(wake_parent(child) for child in store.settled_unannounced())
     report.orphans = sum(cancel_now(orphan) for orphan in store.orphans())
+    moves = version_moves.move_gone()
+    report.moved, report.version_failed = len(moves.continued), len(moves.failed)
+    store.forget_workers(FORGET_WORKERS_AFTER)
     return report
 
 

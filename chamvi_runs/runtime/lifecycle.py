@@ -26,7 +26,7 @@ def announce_settled(
     signals.run_settled.send(Run, run=run)
     if run.status == Status.INTERRUPTED:
         # Another worker resumes it from its checkpoint now, not after a lease expiry.
-        enqueue(run.pk)
+        enqueue(run.pk, (run.agent, run.agent_version))
     else:
         enqueue_next_in_line(run)
     if run.parent_id is not None:

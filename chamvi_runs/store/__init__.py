@@ -26,12 +26,16 @@ Rules of ownership, on one screen:
   its row, while the tool runs, and renews the lease, fenced, just before its commit. Claims and
   cancels only try that lock, and the lease keeper never touches it nor waits on a row
   (``renew_many``): on PostgreSQL no one waits for an effect tool.
+- A claim takes only a run of a version its process has (``core.records.lacks_version``), and a
+  run moves to another version only while no live claim holds it (``versions.move_version``): no
+  execution ever runs on code its run was not written for.
 
 Modules: ``claims`` (claim, renew, count a model call), ``progress`` (steps, waits, settles),
 ``steering`` (cancel, input, decisions), ``children`` (child runs), ``creating``, ``notifying``,
-``effects``, ``pruning`` (retention: ``manage.py chamvi_prune``, with ``references``: the artifacts
-runs still use); ``queries`` holds the read-only selections and ``fence`` the SQL pieces the
-writes share. This module is the face the runtime talks to: it satisfies ``core.ports.Store``.
+``effects``, ``versions`` (the agent versions of the processes that execute runs), ``pruning``
+(retention: ``manage.py chamvi_prune``, with ``references``: the artifacts runs still use);
+``queries`` holds the read-only selections and ``fence`` the SQL pieces the writes share. This
+module is the face the runtime talks to: it satisfies ``core.ports.Store``.
 """
 
 from __future__ import annotations
@@ -81,6 +85,17 @@ from .queries import (
     waiting_at,
 )
 from .steering import add_input, cancel, decide, fail_expired_wait
+from .versions import (
+    beat,
+    called_tools,
+    first_seen,
+    forget_workers,
+    is_live,
+    live_versions,
+    move_version,
+    ready_runs_of,
+    stop_worker,
+)
 
 __all__ = [
     "CLOSED_AT_END",
@@ -96,6 +111,8 @@ __all__ = [
     "ancestors",
     "arguments_hash",
     "back_to_waiting",
+    "beat",
+    "called_tools",
     "cancel",
     "cancels_among",
     "checkpoint",
@@ -107,19 +124,25 @@ __all__ = [
     "descendants",
     "effect_record",
     "fail_expired_wait",
+    "first_seen",
+    "forget_workers",
     "hand_back",
     "hash_token",
     "history",
     "is_below",
+    "is_live",
     "last_model_step",
+    "live_versions",
     "lock_for_effect",
     "mark_notified",
+    "move_version",
     "notification_failed",
     "notify_backoff",
     "open_wait",
     "orphans",
     "pending_inputs",
     "prune",
+    "ready_runs_of",
     "record_effect",
     "reissue_token",
     "renew",
@@ -133,6 +156,7 @@ __all__ = [
     "settle_into_parent",
     "settled_unannounced",
     "start_model_call",
+    "stop_worker",
     "take_notification",
     "thread_for",
     "thread_nodes",

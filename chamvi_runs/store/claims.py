@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -10,7 +10,7 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Coalesce, Now
 
-from ..core.records import Claim
+from ..core.records import Claim, lacks_version
 from ..core.states import CLAIMABLE, Status, sources_of
 from ..core.types import NO_USAGE, Usage
 from ..models import Run, RunInput
@@ -40,6 +40,8 @@ class _Free(NamedTuple):
     stalled_executions: int
     cancel_requested: bool
     claim_owner: str | None
+    agent: str
+    agent_version: str
 
 
 # A claim's two statements on PostgreSQL (``step_sql.applies``), as the ORM builds them elsewhere: the run is
@@ -48,7 +50,7 @@ class _Free(NamedTuple):
 # writing anything (its tool killed the worker) stays counted.
 _FREE = """
 SELECT status, concurrency_key, thread, started_at, attempt, stalled_executions, cancel_requested,
-    claim_owner
+    claim_owner, agent, agent_version
 FROM {run}
 WHERE id = %s AND status = ANY(%s) AND (claim_owner IS NULL OR claim_expires_at < STATEMENT_TIMESTAMP())
 FOR UPDATE SKIP LOCKED
@@ -119,13 +121,16 @@ def _take(run_id: str, status: str, owner: str, lease_seconds: float) -> Run | b
     return bool(updated)
 
 
-def claim(run_id: str, owner: str, lease_seconds: float) -> Claim | None:
+def claim(
+    run_id: str, owner: str, lease_seconds: float, versions: Mapping[str, str] | None = None
+) -> Claim | None:
     """Take the run for one execution. None: it is terminal, waiting, held by a live lease, locked
-    by a concurrent claimer, blocked by its concurrency key or thread, or (PostgreSQL) an effect
-    tool of an earlier execution is still inside its transaction (``fence.effect_lock``)."""
+    by a concurrent claimer, blocked by its concurrency key or thread, of a version the claimer
+    does not have (``versions``, agent -> version; None: any), or (PostgreSQL) an effect tool of an
+    earlier execution is still inside its transaction (``fence.effect_lock``)."""
     with transaction.atomic():
         run = _free_row(run_id)
-        if run is None:
+        if run is None or lacks_version(versions, run.agent, run.agent_version):
             return None
         if run.status == Status.QUEUED and _blocked(run_id, run.concurrency_key, run.thread):
             return None

@@ -32,6 +32,7 @@ from ..core.types import Message
 from ..models import Run, RunInput, Step, WaitPoint
 from . import histories
 from .fence import waits_for_elder
+from .versions import ready, version_missing
 
 
 def run(run_id: str) -> Run:
@@ -139,7 +140,8 @@ def lease_expired() -> Q:
 def runs_to_enqueue(stale_after_seconds: float) -> list[str]:
     """Runs a worker should pick up: expired claims, released running runs, and queued or
     interrupted runs untouched for a while (their job may have been lost with Redis). A queued run
-    behind an elder of its concurrency key or thread is left out: the elder's settle admits it."""
+    behind an elder of its concurrency key or thread is left out: the elder's settle admits it, and
+    so is a run of a version no live worker has (``versions.version_missing``)."""
     quiet = Q(
         updated_at__lt=ExpressionWrapper(
             Now() - Value(timedelta(seconds=stale_after_seconds)), output_field=DateTimeField()
@@ -153,6 +155,8 @@ def runs_to_enqueue(stale_after_seconds: float) -> list[str]:
             | (Q(status__in=[Status.QUEUED, Status.INTERRUPTED]) & quiet)
         )
         .filter(admissible)
+        # No live worker would take it: it waits for one of its version, or its agent's rule.
+        .exclude(version_missing())
         .order_by("created_at")
         .values_list("pk", flat=True)[:500]
     )
@@ -193,26 +197,31 @@ class Stuck(TextChoices):
     QUEUED = "queued", "queued too long"
     APPROVAL_EXPIRED = "approval_expired", "approval expired"
     CHILD_STUCK = "child_stuck", "waiting on a stuck child run"
+    VERSION = "version", "waiting for an agent version no worker has"
 
 
 R = TypeVar("R", bound=Run)
 
 
 def stuck_runs(runs: QuerySet[R], queued_after: timedelta) -> QuerySet[R]:
-    """Those of ``runs`` that nothing is moving on, by the database's clock: running with an expired
-    lease (its worker died), queued for longer than ``queued_after``, or waiting on an open approval
-    past its expiry. A queued run behind an elder of its concurrency key or thread is not stuck: the
-    elder's settle admits it (the elder is listed if it is stuck itself).
+    """Those of ``runs`` that nothing is moving on, by the database's clock: ready for a worker while
+    no live worker has their agent version (SPEC §14), running with an expired lease (its worker
+    died), queued for longer than ``queued_after``, or waiting on an open approval past its expiry.
+    A queued run behind an elder of its concurrency key or thread is not stuck: the elder's settle
+    admits it (the elder is listed if it is stuck itself).
 
     Each row is annotated with ``stuck_reason`` (a ``Stuck``), ``stuck_since`` (when its lease or
-    approval expired, or when it was created) and ``stuck_for`` (the database's now minus that)."""
+    approval expired, when it was created, or, waiting for a version, when it was last written) and
+    ``stuck_for`` (the database's now minus that)."""
     expired_approval = WaitPoint.objects.filter(
         run=OuterRef("pk"), decision__isnull=True, expires_at__lt=Now()
     )
     queued_before = ExpressionWrapper(Now() - Value(queued_after), output_field=DateTimeField())
     stuck_child = _stuck_child(queued_before)
+    missing = ready() & version_missing()
     stuck = (
-        lease_expired()
+        missing
+        | lease_expired()
         | (
             Q(status=Status.QUEUED, created_at__lt=queued_before)
             & ~waits_for_elder("concurrency_key")
@@ -225,6 +234,7 @@ def stuck_runs(runs: QuerySet[R], queued_after: timedelta) -> QuerySet[R]:
         runs.filter(stuck)
         .annotate(
             stuck_reason=Case(
+                When(missing, then=Value(Stuck.VERSION.value)),
                 When(status=Status.RUNNING, then=Value(Stuck.LEASE_EXPIRED.value)),
                 When(status=Status.QUEUED, then=Value(Stuck.QUEUED.value)),
                 When(Exists(expired_approval), then=Value(Stuck.APPROVAL_EXPIRED.value)),
@@ -232,6 +242,8 @@ def stuck_runs(runs: QuerySet[R], queued_after: timedelta) -> QuerySet[R]:
                 output_field=CharField(),
             ),
             stuck_since=Case(
+                # Since it was last touched: queued, decided or released then.
+                When(missing, then=F("updated_at")),
                 When(status=Status.RUNNING, then=F("claim_expires_at")),
                 When(status=Status.QUEUED, then=F("created_at")),
                 When(Exists(expired_approval), then=Subquery(expired_approval.values("expires_at")[:1])),

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import copy
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
 from ..core.messages import answer_open_calls
-from ..core.records import Claim, StepRecord, Stored, WaitRequest, arguments_hash, hash_token
+from ..core.records import Claim, StepRecord, Stored, WaitRequest, arguments_hash, hash_token, lacks_version
 from ..core.states import CLAIMABLE, TERMINAL, Status, sources_of
 from ..core.storable import storable
 from ..core.types import NO_USAGE, Message, Usage
@@ -33,12 +33,16 @@ class Refused(Exception):
 class ExecutionWrites(Reads):
     # --- store.claims ------------------------------------------------------------------------
 
-    def claim(self, run_id: str, owner: str, lease_seconds: float) -> Claim | None:
-        """None: unknown, terminal, waiting, held by a live lease, or blocked by its concurrency key
-        or thread."""
+    def claim(
+        self, run_id: str, owner: str, lease_seconds: float, versions: Mapping[str, str] | None = None
+    ) -> Claim | None:
+        """None: unknown, terminal, waiting, held by a live lease, blocked by its concurrency key
+        or thread, or of a version the claimer does not have."""
         with self._atomic() as tables:
             run = tables.runs.get(run_id)
             if run is None or run.status not in CLAIMABLE or not self._free(run):
+                return None
+            if lacks_version(versions, run.agent, run.agent_version):
                 return None
             if run.status == Status.QUEUED and self._blocked(run):
                 return None

@@ -15,7 +15,7 @@ from django.http import Http404, QueryDict
 from django.test import Client, RequestFactory
 
 from chamvi_runs import start_run, store
-from chamvi_runs.models import Run, WaitPoint
+from chamvi_runs.models import Run, WaitPoint, WorkerVersion
 from chamvi_runs.web.auth import create_token
 from tests.support.helpers import execute, logged_in, make_superuser
 from tests.support.scripted_server import Reply, finish, tool_call
@@ -35,7 +35,7 @@ LIST_PARAMETERS = ["q", "o", "p", "all", "_facets"]
 @pytest.fixture
 def rows(server) -> dict[str, Any]:
     """A row in every list: a waiting run (its steps, checkpoint and wait point), a run whose lease
-    expired (a stuck run), an API token; and the superuser who looks."""
+    expired (a stuck run), an API token, a worker's version; and the superuser who looks."""
     server.script(
         "m-approving",
         [Reply(tool_call("c1", "refund", '{"order_id": "o", "amount_cents": 5}'), finish("tool_calls"))],
@@ -47,6 +47,7 @@ def rows(server) -> dict[str, Any]:
     Run.objects.filter(pk=stuck.pk).update(claim_expires_at=stuck.created_at)
     root = make_superuser()
     create_token(root, "ci")
+    WorkerVersion.objects.create(worker="host:1:2", agent="basic", version="v1")
     return {"root": root, "waiting": waiting, "stuck": stuck}
 
 
@@ -115,7 +116,14 @@ def test_a_lone_surrogate_in_an_object_id_or_a_parameter_matches_nothing(rows, n
 
 @pytest.mark.parametrize(
     ("name", "action"),
-    [("run", "cancel_runs"), ("run", "approve_open"), ("waitpoint", "approve"), ("stuckrun", "requeue_runs")],
+    [
+        ("run", "cancel_runs"),
+        ("run", "approve_open"),
+        ("waitpoint", "approve"),
+        ("stuckrun", "requeue_runs"),
+        ("stuckrun", "move_to_current_version"),
+        ("stuckrun", "cancel_runs"),
+    ],
 )
 @pytest.mark.parametrize("bad", [NUL, SURROGATE], ids=["nul", "surrogate"])
 def test_a_selected_id_with_unstorable_text_selects_nothing(rows, name, action, bad):

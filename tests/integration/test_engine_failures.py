@@ -252,6 +252,15 @@ def test_attachments_are_sent_as_parts_and_checkpoints_keep_references(server):
 
 def test_unknown_agent_fails_with_agent_not_found(server):
     run = start_run("basic", "x")
-    type(run).objects.filter(pk=run.pk).update(agent="vanished")
+    # A run recorded before agent versions were: any worker takes it, and finds no such agent.
+    type(run).objects.filter(pk=run.pk).update(agent="vanished", agent_version="")
     run = execute(run)
     assert run.status == "failed" and run.error_code == "agent_not_found"
+
+
+def test_a_run_of_an_agent_this_process_does_not_have_is_left_for_a_worker_that_has_it(server):
+    # During a deploy that adds an agent, an old worker must not fail the new agent's runs.
+    run = start_run("basic", "x")
+    type(run).objects.filter(pk=run.pk).update(agent="added_by_the_next_release")
+    run = execute(run)
+    assert (run.status, run.error_code, run.attempt) == ("queued", "", 0)

@@ -201,3 +201,13 @@ triage_limited = _agent("triage_limited", tools=[billing], budget=Budget(max_tok
 chain_c = _agent("chain_c", tools=[add])
 chain_b = _agent("chain_b", tools=[chain_c])
 chain_a = _agent("chain_a", tools=[chain_b])
+
+
+# A rolling deploy (tests/system/test_rolling_deploy.py): the release of the deploy site's agents this
+# process has, old ("v1", the default) or new ("v2").
+from importlib import import_module  # noqa: E402
+
+_DEPLOY = os.environ.get("CHAMVI_TEST_DEPLOY", "v1")
+if _DEPLOY not in ("v1", "v2"):
+    raise RuntimeError(f"CHAMVI_TEST_DEPLOY must be 'v1' or 'v2', not {_DEPLOY!r}")
+import_module(f"tests.deploy_site.{_DEPLOY}")

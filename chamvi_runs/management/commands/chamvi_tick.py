@@ -1,5 +1,6 @@
-"""``manage.py chamvi_tick``: recover expired claims, re-enqueue lost jobs, expire approvals and
-re-send notifications. Loops by default; ``--once`` suits cron.
+"""``manage.py chamvi_tick``: recover expired claims, re-enqueue lost jobs, expire approvals,
+re-send notifications, and move on the runs of agent versions gone from every worker. Loops by
+default; ``--once`` suits cron.
 
 The loop says once what it works on (interval, queue, database), then one line per pass that did
 something, none for a quiet one; ``--once`` prints what its pass did, nothing included. ``-v 0``
@@ -24,10 +25,16 @@ logger = logging.getLogger(__name__)
 
 def summary(report: TickReport) -> str:
     """What one pass did, in words: each count with what it counts."""
-    return (
+    said = (
         f"recovered {report.recovered} expired claim(s), re-queued {report.requeued} lost job(s), "
         f"expired {report.expired} approval(s), re-sent {report.notified} notification(s)"
     )
+    if report.moved or report.version_failed:
+        said += (
+            f", moved {report.moved} run(s) of a gone agent version to the current one and failed "
+            f"{report.version_failed} (their agents' on_version_change)"
+        )
+    return said
 
 
 def _where() -> str:
@@ -38,7 +45,10 @@ def _where() -> str:
 
 
 class Command(BaseCommand):
-    help = "Run the chamvi_runs janitor (recovery, lost jobs, approval expiry, notifications)."
+    help = (
+        "Run the chamvi_runs janitor (recovery, lost jobs, approval expiry, notifications, "
+        "runs of gone agent versions)."
+    )
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--once", action="store_true", help="Run one pass and exit (for cron).")
