@@ -8,7 +8,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from . import store
+from . import signals, store
 from .agents.agent import RunContext, registry
 from .agents.tools import Tool, to_jsonable
 from .conf import conf
@@ -159,6 +159,9 @@ def _start(
         "receivedAt": timezone.now().isoformat(),
         "attachments": parts,
     }
+    # What receivers want every execution to know of where the run came from (its trace).
+    carrier: dict[str, str] = {}
+    signals.run_creating.send(Run, agent=agent, carrier=carrier)
     with transaction.atomic():
         if thread is not None:
             owner = store.thread_for(thread, creator, scope=scope)
@@ -176,6 +179,7 @@ def _start(
             base_id=base[0] if base is not None else None,
             base_step=base[1] if base is not None else None,
             replaces=replaces,
+            trace_context=carrier or None,
         )
         if created:
             enqueue(run.pk, (run.agent, run.agent_version))

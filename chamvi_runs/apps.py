@@ -4,6 +4,14 @@ from django.apps import AppConfig
 from django.utils.module_loading import autodiscover_modules
 
 
+def _installed(module: str) -> bool:
+    """Whether ``module`` can be imported, without importing it (a package of it missing: no)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 class ChamviRunsConfig(AppConfig):
     name = "chamvi_runs"
     verbose_name = "Agent runs"
@@ -19,3 +27,9 @@ class ChamviRunsConfig(AppConfig):
             from . import metrics
 
             metrics.connect()
+        if _installed("opentelemetry.trace"):
+            # The ``otel`` extra (or any OpenTelemetry API the site has): trace what the engine
+            # signals, to the site's tracer provider (none configured: the API's no-op).
+            from . import tracing
+
+            tracing.connect()

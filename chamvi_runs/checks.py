@@ -27,6 +27,7 @@ E025       ``MAX_INPUTS`` is not a positive int
 E026       ``MAX_PENDING_INPUT_BYTES`` is not a positive int, or is less than ``MAX_PAYLOAD_BYTES``
 E028       ``MAX_CHILD_DEPTH`` is not a positive int
 E029       ``VERSION_GRACE_SECONDS`` is not a number >= 0
+E030       ``TRACE_CONTENT`` is not a bool
 W001       an unknown key in ``CHAMVI_RUNS`` (a typo?)
 W002       ``RQ['WORKER_CLASS']`` is not ``chamvi_runs.worker.Worker`` (``rq`` executor)
 E018       ``CHANNEL_LAYERS`` has no ``default`` layer: websockets and Server-Sent Events need one
@@ -131,6 +132,10 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
             import_string(value[key])
         except Exception as exc:  # an import that fails in any way is this setting's error, not a crash
             errors.append(_error(key, f"cannot be imported: {type(exc).__name__}: {exc}", id_))
+    if not isinstance(value["TRACE_CONTENT"], bool):
+        errors.append(
+            _error("TRACE_CONTENT", f"must be True or False, not {value['TRACE_CONTENT']!r}", "E030")
+        )
     for key, id_ in (("STREAM_COALESCE_SECONDS", "E020"), ("VERSION_GRACE_SECONDS", "E029")):
         seconds = value[key]
         if not (_positive(seconds) or (seconds == 0 and not isinstance(seconds, bool))):

@@ -30,6 +30,7 @@ DEFAULTS: dict[str, Any] = {
     "MAX_ATTEMPTS": 5,
     "MAX_CHILD_DEPTH": 3,
     "VERSION_GRACE_SECONDS": 300,
+    "TRACE_CONTENT": False,
     "CONCURRENCY": 1,
     "MODEL": "chamvi_runs.llm_openai.OpenAIModel",
     "METRICS_PORT": None,
@@ -133,6 +134,11 @@ class Conf:
         """How long after the last worker with an agent version was seen its waiting runs are moved
         on by the agent's ``on_version_change`` rule (SPEC §14)."""
         return float(self._get("VERSION_GRACE_SECONDS"))
+
+    @property
+    def TRACE_CONTENT(self) -> bool:
+        """Whether OpenTelemetry spans carry message content (answers, tool arguments and results)."""
+        return bool(self._get("TRACE_CONTENT"))
 
     @property
     def MAX_CHILD_DEPTH(self) -> int:

@@ -28,6 +28,12 @@ class Run(models.Model):
         db_default="",
         help_text="The version of its agent the run started with (SPEC §14).",
     )
+    trace_context = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="Where the run came from, for every execution to carry on (the W3C trace context "
+        "of the caller that started it, with OpenTelemetry: chamvi_runs.tracing).",
+    )
     status = models.CharField(
         max_length=20, choices=[(s.value, s.name.title()) for s in Status], default=Status.QUEUED.value
     )

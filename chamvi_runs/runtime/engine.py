@@ -84,7 +84,14 @@ class Execution:
     def run(self) -> str | None:
         # Every record logged while this thread executes the run names it (``chamvi_runs.logs``).
         with log_context.bound(log_context.of(self.claim)):
-            return self._run()
+            status = None
+            try:
+                status = self._run()
+                return status
+            finally:
+                signals.execution_ended.send(
+                    Run, run_id=self.claim.run_id, attempt=self.claim.attempt, status=status
+                )
 
     def _run(self) -> str | None:
         unsubscribe = self.shutdown.on_set(lambda: self.abort.set("drain")) if self.shutdown else None

@@ -44,7 +44,7 @@ def start_children(claim: Claim, waits: list[WaitRequest]) -> dict[int, Run]:
     delegated = [(w, w.delegate) for w in waits if w.kind == WaitPoint.Kind.CHILD and w.delegate]
     if not delegated:
         return {}
-    parent = Run.objects.only("scope", "created_by_id", "depth").get(pk=claim.run_id)
+    parent = Run.objects.only("scope", "created_by_id", "depth", "trace_context").get(pk=claim.run_id)
     children = [
         Run(
             status=Status.QUEUED,
@@ -57,6 +57,8 @@ def start_children(claim: Claim, waits: list[WaitRequest]) -> dict[int, Run]:
             parent_step=wait.call.model_step,
             parent_position=wait.call.position,
             depth=parent.depth + 1,
+            # Its executions carry on where its parent came from (one trace for the whole family).
+            trace_context=parent.trace_context,
         )
         for wait, agent in delegated
     ]

@@ -66,6 +66,14 @@ def test_only_llm_openai_imports_openai():
     assert importers == ["llm_openai.py"]
 
 
+def test_only_tracing_imports_opentelemetry_and_the_app_imports_it_only_when_installed():
+    """The ``otel`` extra is optional: the core never imports it (SPEC §15)."""
+    importers = sorted(p.name for p in _modules() if "opentelemetry" in _imports(p))
+    assert importers == ["tracing.py"]
+    apps = (PACKAGE / "apps.py").read_text()
+    assert '_installed("opentelemetry.trace")' in apps and "from . import tracing" in apps
+
+
 def test_no_module_imports_itself_back():
     """No import cycle, function-local imports included (they hid two before the layout had layers)."""
     import grimp

@@ -26,12 +26,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture
 def spawn(server: Any) -> Iterator[Callable[..., WorkerProcess]]:
-    """``spawn(*args)`` starts a ``manage.py rqworker chamvi`` process against the scripted model
-    server (``args`` go to rqworker); every one is stopped after the test."""
+    """``spawn(*args, env=...)`` starts a ``manage.py rqworker chamvi`` process against the scripted
+    model server (``args`` go to rqworker, ``env`` adds to its environment); every one is stopped
+    after the test."""
     workers: list[WorkerProcess] = []
 
-    def start(*args: str) -> WorkerProcess:
-        worker = WorkerProcess(worker_env(server.base_url), *args)
+    def start(*args: str, env: dict[str, str] | None = None) -> WorkerProcess:
+        worker = WorkerProcess(worker_env(server.base_url, **(env or {})), *args)
         workers.append(worker)
         return worker
 
