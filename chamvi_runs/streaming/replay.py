@@ -18,7 +18,8 @@
      any client that sees a gap, reads the buffer after its last seq: it gets the marker and the
      region too.
    - Settled run: nothing follows, nothing is stored: the same rebuild is computed each time and
-     numbered after N, so a client that resumes inside it goes on where it stopped.
+     numbered after N, so a client that resumes inside it goes on where it stopped. A stream that
+     sent another event at its seq than the rebuild holds there gets a restart (3.).
    - No seq known at all (the counter's 90 days are over, or Redis lost its data): the rebuild is
      numbered from 1 with no marker, as the run's first events.
 3. A client *ahead* of the server, whose seq the server never sent or no longer knows (Redis, or
@@ -125,8 +126,15 @@ def _window_from(
 
 
 def _replayed(
-    log: MemoryEventLog | RedisEventLog, run_id: str, after: int, window: Window
+    log: MemoryEventLog | RedisEventLog,
+    run_id: str,
+    after: int,
+    window: Window,
+    sent: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
+    """The replay after ``after`` when the buffer's window cannot answer alone. ``sent``, the event
+    a stream sent at ``after`` (``missed_after``), tells a seq the rebuild of a settled run numbers
+    from one the run's lost seqs numbered."""
     up_to_date = window.top > 0 and after <= window.top
     if window.events is not None and (window.events or up_to_date):
         return window.events
@@ -136,9 +144,12 @@ def _replayed(
     if run.status in TERMINAL:
         built = rebuild(run)
         events = region(built, [], window.top)
-        if after <= (events[-1]["seq"] if window.top else 0):
+        if after <= (events[-1]["seq"] if window.top else 0) and not _numbers_another(events, after, sent):
             return [e for e in events if e["seq"] > after]
-        # Sent seqs that neither the counter nor the rebuild after it numbered.
+        # Sent seqs that neither the counter nor the rebuild after it numbered, or that the rebuild
+        # numbers with another event than the stream sent there: the run's seqs were lost and
+        # numbered again below the stream's (its new events may still be on their way to the buffer
+        # when the run has settled).
         return _restart(events, built.marker, window.top)
     if after > window.top:
         return _restart_active(log, run)
@@ -158,6 +169,15 @@ def _restart_active(log: MemoryEventLog | RedisEventLog, run: Run) -> list[dict[
         # Held from the run's start or from a region's: the run, whole, with nothing to store.
         return _restart(whole.events, marker, whole.top)
     return _restart(log.rebase(run.pk, rebuild(run), None), marker, whole.top)
+
+
+def _numbers_another(events: list[dict[str, Any]], after: int, sent: dict[str, Any] | None) -> bool:
+    """Whether ``events`` (a rebuild's region) hold another event at ``after`` than ``sent``, the
+    event a stream sent at that seq (None: not known, as for a client that reconnects)."""
+    if sent is None:
+        return False
+    there = next((event for event in events if event["seq"] == after), None)
+    return there is not None and renumbered(there, sent)
 
 
 def _restart(events: list[dict[str, Any]], marker: dict[str, Any], top: int) -> list[dict[str, Any]]:
@@ -182,7 +202,9 @@ def missed_after(run_id: str, after: int, sent: dict[str, Any] | None = None) ->
     ``sent`` is the event the stream sent at ``after``. When the buffer holds another one there,
     the run's seqs were lost and numbered again past the stream's (Redis lost its data, or evicted
     the run's keys, and the run went on): what follows it in the buffer is not what follows the
-    stream's, and the stream gets a restart (``restart``)."""
+    stream's, and the stream gets a restart (``restart``). So it does when the buffer's seqs are
+    still below the stream's and the run has settled (its new events on their way to the buffer)
+    and the rebuild numbered after them holds another event at the stream's seq."""
     log = event_log()
     if sent is None:
         window = log.window(run_id, after)
@@ -191,7 +213,7 @@ def missed_after(run_id: str, after: int, sent: dict[str, Any] | None = None) ->
         if own is not None and renumbered(own, sent):
             return restart(run_id)
     if window.events is None or window.top < after:
-        return _replayed(log, run_id, after, window)
+        return _replayed(log, run_id, after, window, sent)
     return window.events
 
 

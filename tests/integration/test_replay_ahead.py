@@ -261,6 +261,33 @@ def test_a_socket_open_while_its_server_lost_its_data_starts_over_and_reaches_th
     assert [e["type"] for e in shown if e["type"] == "tool.result"] == ["tool.result"]
 
 
+def test_a_stream_whose_run_settled_with_its_new_seqs_below_the_streams_starts_over(
+    server, root_client, redis
+):
+    # The race the test above runs into at times, made certain: Redis lost the run's data, the run
+    # settled, and the events it numbered anew from 1 are still on their way to the buffer (they
+    # are recorded a moment after their step is saved) when the open stream reads it. The buffer
+    # holds nothing at the stream's seq; the settled run's rebuild, numbered after what it holds,
+    # has another event there than the stream sent: what follows it there is not what follows
+    # the stream's, and the page would show the run from its middle on.
+    run, waitpoint = waiting_run(server, root_client.user)
+    sent = events(run)[-1]
+    redis.flushdb()
+    finish_it(server, waitpoint, root_client.user)
+    assert counter(redis, run) >= sent["seq"]
+    redis.zremrangebyscore(f"chamvi:events:{run.pk}", 3, "+inf")
+    redis.set(f"chamvi:seq:{run.pk}", 2)
+
+    repaired = replay.missed_after(run.pk, sent["seq"], sent)
+    assert replay.restarts(repaired, sent["seq"])
+    shown = followed(sent["seq"], repaired)
+    assert shown[0]["type"] == "run.start"
+    assert shown[-1]["type"] == "run.end" and shown[-1]["output"] == "Refunded."
+    # A stream that was sent that rebuild goes on inside it where it stopped.
+    middle = shown[len(shown) // 2]
+    assert replay.missed_after(run.pk, middle["seq"], middle) == shown[len(shown) // 2 + 1 :]
+
+
 def forget(redis: Any, run: Run) -> None:
     """What an eviction of the run's keys does (they expire, so ``volatile-lru`` may pick them):
     its seqs and events go; the sockets' group memberships stay."""
