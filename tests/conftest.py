@@ -182,3 +182,15 @@ def admin(admin_user: Any) -> Api:
 def root_client(admin_user: Any) -> Client:
     """A Django test client logged in as ``admin_user`` (``root_client.user``)."""
     return logged_in(admin_user)
+
+
+@pytest.fixture
+def exporter() -> Iterator[Any]:
+    """This process's OpenTelemetry spans, in the SDK's in-memory exporter (``tests/support/tracing.py``),
+    emptied before and after the test."""
+    from tests.support.tracing import in_memory
+
+    memory = in_memory()
+    memory.clear()
+    yield memory
+    memory.clear()

@@ -6,7 +6,6 @@ own. ``tests/system/test_tracing.py`` follows a run across a real worker process
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,17 +16,8 @@ from chamvi_runs.models import Run
 from tests.docsamples import block, load_module
 from tests.support.helpers import execute
 from tests.support.scripted_server import Reply, finish, text, tool_call, usage
-from tests.support.tracing import in_memory
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(30)]
-
-
-@pytest.fixture
-def exporter() -> Iterator[Any]:
-    memory = in_memory()
-    memory.clear()
-    yield memory
-    memory.clear()
 
 
 def _named(exporter: Any, prefix: str) -> list[Any]:

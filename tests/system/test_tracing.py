@@ -7,7 +7,6 @@ the worker to a file (``tests/support/tracing.py``)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from chamvi_runs.models import Run, WaitPoint
 from tests.support.helpers import make_superuser, session_api
 from tests.support.processes import wait_for
 from tests.support.scripted_server import Reply, finish, text, tool_call, usage
-from tests.support.tracing import TRACE_FILE, in_memory, read
+from tests.support.tracing import TRACE_FILE, read
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 
@@ -28,14 +27,6 @@ REFUND = json.dumps({"order_id": "o-secret-77", "amount_cents": 500})
 
 def _hex(value: int, width: int) -> str:
     return f"0x{value:0{width}x}"
-
-
-@pytest.fixture
-def exporter() -> Iterator[Any]:
-    memory = in_memory()
-    memory.clear()
-    yield memory
-    memory.clear()
 
 
 def _every_value(spans: list[dict[str, Any]]) -> str:
