@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from opentelemetry import trace
 
-from chamvi_runs import start_run
+from chamvi_runs import start_run, store
+from chamvi_runs.agents.agent import registry
 from chamvi_runs.models import Run
 from tests.docsamples import block, load_module
 from tests.support.helpers import execute
@@ -118,3 +119,15 @@ def test_the_documented_tracer_provider_exports_each_span_with_the_sites_service
     (span,) = exported.get_finished_spans()
     assert span.resource.attributes["service.name"] == "mysite"
     provider.shutdown()
+
+
+def test_an_execution_that_takes_over_from_a_dead_worker_says_it_is_a_recovery(server, exporter):
+    server.script("m-basic", [Reply(text("Back."), finish("stop"))])
+    run = start_run("basic", "x")
+    assert store.claim(run.pk, "gone:1:2:3", 30, registry.versions())
+    Run.objects.filter(pk=run.pk).update(claim_expires_at=run.created_at)  # the worker died
+    assert execute(run).status == "completed"
+    (execution,) = _named(exporter, "invoke_agent basic")
+    assert execution.attributes["chamvi.resumed"] is True and execution.attributes["chamvi.attempt"] == 2
+    (resumed,) = execution.events
+    assert (resumed.name, resumed.attributes["chamvi.after"]) == ("chamvi.resumed", "recovery")
