@@ -177,7 +177,7 @@ class Worker(SimpleWorker):
                     return result
                 if route is versions.Route.DROP:
                     self._drop(job, queue)
-                    versions.report_drop(job)
+                    versions.report_drop(job, mine)
                     continue
                 self._put_back(job, queue)
                 if database is not None:

@@ -7,6 +7,10 @@ from typing import Any
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/chamvi")
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
 os.environ.setdefault("OPENAI_API_KEY", "test")
+# The demo's "support" agent reads its model from the environment (project/settings.py): this
+# process and every worker the suite starts give it the same one, so they have the same version of
+# it (SPEC §14) and the workers take the runs this process starts.
+os.environ.setdefault("CHAMVI_MODEL", "m-support")
 
 from project.settings import *  # noqa: F403
 from project.settings import CHAMVI_RUNS, CHANNEL_LAYERS, INSTALLED_APPS, REDIS_URL

@@ -21,7 +21,7 @@ def enqueue(run_id: str, version: tuple[str, str] | None = None) -> None:
     transaction.on_commit(lambda: _enqueue_now(run_id, version), robust=True)
 
 
-def _enqueue_now(run_id: str, version: tuple[str, str] | None) -> None:
+def _enqueue_now(run_id: str, version: tuple[str, str] | None = None) -> None:
     crash_point("before_enqueue")
     mode().ring(run_id, lambda: {**sites.stamp(), **versions.stamp(run_id, version)})
 

@@ -91,13 +91,35 @@ class Router:
         return live
 
 
-def report_drop(job: Any) -> None:
+def report_drop(job: Any, versions: dict[str, str]) -> None:
+    """Log why ``job`` left the queue. Louder when this worker has the run's agent at another
+    version and no worker ever had the run's: a new release's web processes started before its
+    workers, or the process that started it defines the agent otherwise (a model name read from its
+    own environment), whose runs would wait until an operator moves them."""
     meta = job.meta or {}
     run_id = job.args[0] if job.args else "?"
+    agent, version = meta.get(AGENT), meta.get(VERSION)
+    try:
+        unknown = agent in versions and not store.was_seen(str(agent), str(version))
+    except Error:
+        unknown = False
+    if unknown:
+        logger.warning(
+            "run %s is of agent %r version %r, which no worker has ever had (this one has %r): "
+            "either the workers of the release that started it have not started yet, or the process "
+            "that started it defines the agent otherwise (its model, instructions or tools from "
+            "other settings or environment?). It waits, listed by the admin's stuck runs, until a "
+            "worker has that version or it is moved to the current one",
+            run_id,
+            agent,
+            version,
+            versions[str(agent)],
+        )
+        return
     logger.info(
         "run %s is of agent %r version %r, which no live worker has: it waits for one, or for its "
         "agent's on_version_change rule (chamvi_tick, after VERSION_GRACE_SECONDS)",
         run_id,
-        meta.get(AGENT),
-        meta.get(VERSION),
+        agent,
+        version,
     )

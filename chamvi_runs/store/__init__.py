@@ -95,6 +95,7 @@ from .versions import (
     move_version,
     ready_runs_of,
     stop_worker,
+    was_seen,
 )
 
 __all__ = [
@@ -161,4 +162,5 @@ __all__ = [
     "thread_for",
     "thread_nodes",
     "waiting_at",
+    "was_seen",
 ]

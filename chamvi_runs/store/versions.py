@@ -78,6 +78,11 @@ def is_live(agent: str, version: str) -> bool:
     return live().filter(agent=agent, version=version).exists()
 
 
+def was_seen(agent: str, version: str) -> bool:
+    """Whether a process on record ever had ``version`` of ``agent``."""
+    return WorkerVersion.objects.filter(agent=agent, version=version).exists()
+
+
 def ready() -> Q:
     """Runs a worker would claim now: claimable, and no live claim holds them."""
     return Q(status__in=[s.value for s in CLAIMABLE]) & (

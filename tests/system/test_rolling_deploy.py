@@ -402,6 +402,8 @@ def test_a_rolling_deploy_moves_every_run_on_as_its_agents_rule_says(server, des
         15,
         explain("the new run to wait for a worker of its version"),
     )
+    # The old worker says why, and what may be wrong: no worker ever had that version.
+    assert "which no worker has ever had" in old.output(), old.output()
     nothing_unexplained()
     ticked = site.manage("v1", "chamvi_tick", "--once")
     early = _run(runs["early"])
