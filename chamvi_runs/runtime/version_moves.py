@@ -89,13 +89,15 @@ def _apply(grace: timedelta) -> MoveReport:
     }
     if not mine:
         return report
-    first = store.first_seen()
+    first: dict[tuple[str, str], datetime] | None = None
     gone = Run.objects.filter(worker_versions.ready(), worker_versions.version_gone(grace), agent__in=mine)
     after: Q | None = None
     while True:
         page = list((gone.filter(after) if after is not None else gone).order_by("created_at", "id")[:BATCH])
+        if page and first is None:
+            first = store.first_seen()  # read only on a pass that has runs to move: most have none
         for run in page:
-            report.add(run.pk, _move(run, registry.get(run.agent), first))
+            report.add(run.pk, _move(run, registry.get(run.agent), first or {}))
         if len(page) < BATCH:
             return report
         last = page[-1]

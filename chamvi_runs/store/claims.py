@@ -15,7 +15,7 @@ from ..core.states import CLAIMABLE, Status, sources_of
 from ..core.types import NO_USAGE, Usage
 from ..models import Run, RunInput
 from . import step_sql
-from .fence import effect_lock, held, in_seconds, update_held, waits_for_elder
+from .fence import effect_lock, free, held, in_seconds, update_held, waits_for_elder
 from .queries import pending_inputs
 
 
@@ -66,10 +66,6 @@ RETURNING {columns}
 """
 
 
-def _free() -> Q:
-    return Q(claim_owner__isnull=True) | Q(claim_expires_at__lt=Now())
-
-
 def _free_row(run_id: str) -> _Free | None:
     """Inside the claim's transaction: the run, locked, if it is claimable and free; None when it
     is not, or another claimer holds its row (SKIP LOCKED)."""
@@ -81,7 +77,7 @@ def _free_row(run_id: str) -> _Free | None:
         return None if row is None else _Free(*row)
     row = (
         Run.objects.select_for_update(skip_locked=True)
-        .filter(_free(), pk=run_id, status__in=claimable)
+        .filter(free(), pk=run_id, status__in=claimable)
         .values_list(*_Free._fields)
         .first()
     )
@@ -108,7 +104,7 @@ def _take(run_id: str, status: str, owner: str, lease_seconds: float) -> Run | b
             )
             row = cursor.fetchone()
         return False if row is None else step_sql.run_from_row(row)
-    rows = Run.objects.filter(_free(), pk=run_id, status=status, status__in=[s.value for s in legal])
+    rows = Run.objects.filter(free(), pk=run_id, status=status, status__in=[s.value for s in legal])
     updated = rows.update(
         status=Status.RUNNING,
         claim_owner=owner,

@@ -29,6 +29,17 @@ def to(target: Status) -> Q:
     return Q(status__in=[s.value for s in sources_of(target)])
 
 
+def free() -> Q:
+    """Run rows no live claim holds: none names them, or its lease ran out by the database's clock."""
+    return Q(claim_owner__isnull=True) | Q(claim_expires_at__lt=Now())
+
+
+def admissible() -> Q:
+    """Runs not held back by an elder of their concurrency key or thread (only a queued run is: the
+    elder's settle admits it)."""
+    return ~Q(status=Status.QUEUED) | (~waits_for_elder("concurrency_key") & ~waits_for_elder("thread"))
+
+
 def held(claim: Claim) -> Q:
     """The run row as long as this claim holds it: running, same owner, same attempt."""
     return Q(pk=claim.run_id, status=Status.RUNNING, claim_owner=claim.owner, attempt=claim.attempt)

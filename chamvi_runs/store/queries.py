@@ -31,7 +31,7 @@ from ..core.states import Status
 from ..core.types import Message
 from ..models import Run, RunInput, Step, WaitPoint
 from . import histories
-from .fence import waits_for_elder
+from .fence import admissible, waits_for_elder
 from .versions import ready, version_missing
 
 
@@ -147,14 +147,13 @@ def runs_to_enqueue(stale_after_seconds: float) -> list[str]:
             Now() - Value(timedelta(seconds=stale_after_seconds)), output_field=DateTimeField()
         )
     )
-    admissible = ~Q(status=Status.QUEUED) | (~waits_for_elder("concurrency_key") & ~waits_for_elder("thread"))
     return list(
         Run.objects.filter(
             lease_expired()
             | (Q(status=Status.RUNNING, claim_owner__isnull=True) & quiet)
             | (Q(status__in=[Status.QUEUED, Status.INTERRUPTED]) & quiet)
         )
-        .filter(admissible)
+        .filter(admissible())
         # No live worker would take it: it waits for one of its version, or its agent's rule.
         .exclude(version_missing())
         .order_by("created_at")

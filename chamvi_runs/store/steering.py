@@ -20,7 +20,7 @@ from ..core.storable import storable
 from ..errors import DecisionRefused, InputRefused, InvalidAnswer, RunNotFound
 from ..models import Run, RunInput, WaitPoint
 from . import histories
-from .fence import effect_lock, to
+from .fence import effect_lock, free, to
 from .progress import cancel_open_approval, close_history_of
 
 
@@ -31,7 +31,7 @@ def cancel(run_id: str, *, by: Any = None) -> bool:
     (``cancel_requested`` is set), or it had already settled. Raises RunNotFound. ``by`` is
     recorded as the one who decided the open approval, if any."""
     with transaction.atomic():
-        at_once = to(Status.CANCELLED) & (Q(claim_owner__isnull=True) | Q(claim_expires_at__lt=Now()))
+        at_once = to(Status.CANCELLED) & free()
         # An effect tool in flight holds a running run as a live lease does, even past its lease:
         # its execution settles the cancel once the effect has committed. Tried, never waited for.
         if not effect_lock(run_id, wait=False):

@@ -17,9 +17,9 @@ from django.db import transaction
 from django.db.models import Exists, F, Min, OuterRef, Q, QuerySet
 from django.db.models.functions import Now
 
-from ..core.states import ACTIVE, CLAIMABLE, TERMINAL, Status
+from ..core.states import ACTIVE, CLAIMABLE, TERMINAL
 from ..models import Run, Step, WaitPoint, WorkerVersion
-from .fence import db_now_plus, effect_lock, in_seconds, waits_for_elder
+from .fence import admissible, db_now_plus, effect_lock, free, in_seconds
 
 
 def beat(worker: str, versions: dict[str, str], lease_seconds: float) -> None:
@@ -85,9 +85,7 @@ def was_seen(agent: str, version: str) -> bool:
 
 def ready() -> Q:
     """Runs a worker would claim now: claimable, and no live claim holds them."""
-    return Q(status__in=[s.value for s in CLAIMABLE]) & (
-        Q(claim_owner__isnull=True) | Q(claim_expires_at__lt=Now())
-    )
+    return Q(status__in=[s.value for s in CLAIMABLE]) & free()
 
 
 def version_missing() -> Q:
@@ -114,11 +112,10 @@ def move_version(run_id: str, old: str, new: str) -> bool:
     attempt grows, so its holder, back from a partition, writes nothing more on ``old``'s code; and,
     like a claim, this never waits for an effect of that holder still in its transaction (False).
     False also when another process moved or claimed it meanwhile, or it ended."""
-    free = Q(claim_owner__isnull=True) | Q(claim_expires_at__lt=Now())
     with transaction.atomic():
         row = (
             Run.objects.select_for_update(skip_locked=True)
-            .filter(free, pk=run_id, agent_version=old)
+            .filter(free(), pk=run_id, agent_version=old)
             .exclude(status__in=[s.value for s in TERMINAL])
             .values_list("claim_owner", flat=True)
         )
@@ -130,7 +127,7 @@ def move_version(run_id: str, old: str, new: str) -> bool:
         fields: dict[str, Any] = {"agent_version": new, "updated_at": Now()}
         if found[0] is not None:
             fields.update(claim_owner=None, claim_expires_at=None, attempt=F("attempt") + 1)
-        return bool(Run.objects.filter(free, pk=run_id, agent_version=old).update(**fields))
+        return bool(Run.objects.filter(free(), pk=run_id, agent_version=old).update(**fields))
 
 
 def first_seen() -> dict[tuple[str, str], datetime]:
@@ -149,9 +146,8 @@ def ready_runs_of(versions: dict[str, str]) -> list[tuple[str, str, str]]:
     for agent, version in versions.items():
         which |= Q(agent=agent, agent_version=version)
     # Not one behind an elder of its concurrency key or thread: the elder's settle rings for it.
-    admissible = ~Q(status=Status.QUEUED) | (~waits_for_elder("concurrency_key") & ~waits_for_elder("thread"))
     return list(
-        Run.objects.filter(ready(), which, admissible)
+        Run.objects.filter(ready(), which, admissible())
         .order_by("created_at", "id")
         .values_list("pk", "agent", "agent_version")[:500]
     )
