@@ -1,4 +1,6 @@
-"""The only module that imports ``openai``: one streamed Chat Completions call -> a ModelTurn."""
+"""One streamed Chat Completions call -> a ModelTurn; and what both OpenAI adapters share (the
+Responses API's is ``llm_responses``): the client, retries, the pump thread, reading server-sent
+events. With ``llm_responses``, the only module that imports ``openai``."""
 
 from __future__ import annotations
 
@@ -10,7 +12,9 @@ import queue
 import random
 import secrets
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from types import TracebackType
 from typing import Any
 
 import openai
@@ -18,7 +22,7 @@ import openai
 from .conf import conf
 from .core.storable import storable
 from .core.toolcalls import ToolCallAccumulator
-from .core.types import Aborted, AbortSignal, ModelRequest, ModelTurn, OnDelta, Usage
+from .core.types import RESPONSE_ITEMS, Aborted, AbortSignal, Message, ModelRequest, ModelTurn, OnDelta, Usage
 
 logger = logging.getLogger(__name__)
 
@@ -44,32 +48,65 @@ def client() -> openai.OpenAI:
     return _client(options.get("api_key"), options.get("base_url"), float(options.get("timeout", 600)))
 
 
+def retrying(once: Callable[[], ModelTurn], abort: AbortSignal) -> ModelTurn:
+    """``once()`` again after a rate limit or server trouble that came before any of the answer,
+    up to ``OPENAI["max_retries"]`` times, with backoff; then, or for any other error, the error
+    in ``ModelTurn.error``. An abort during a backoff raises ``Aborted``."""
+    retries = int(conf.OPENAI.get("max_retries", 2))
+    attempt = 0
+    while True:
+        try:
+            return once()
+        except RETRYABLE as exc:
+            if attempt >= retries:
+                return ModelTurn(error=describe(exc))
+            delay = _backoff(attempt, exc)
+            logger.warning("model call failed (%s); retry %d in %.2fs", describe(exc), attempt + 1, delay)
+            attempt += 1
+            if abort.wait(delay):
+                raise Aborted(abort.reason) from None
+        except openai.APIError as exc:
+            return ModelTurn(error=describe(exc))
+
+
+class Reading:
+    """How reading a stream ends for ``turn``: an error before anything was received is raised (to
+    be retried, or reported, by ``retrying``); once part of the answer was streamed nothing is
+    retried: a dropped connection leaves the turn without a finish reason (the engine calls that an
+    incomplete response), any other error is the turn's. An abort is raised."""
+
+    def __init__(self, turn: ModelTurn) -> None:
+        self.turn = turn
+        self.received = False
+
+    def __enter__(self) -> Reading:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        if exc is None or isinstance(exc, Aborted) or not isinstance(exc, Exception):
+            return False
+        if isinstance(exc, RETRYABLE):
+            if not self.received:
+                return False
+            if not isinstance(exc, openai.APIConnectionError):
+                self.turn.error = describe(exc)
+            return True
+        self.turn.error = describe(exc)
+        return True
+
+
 class OpenAIModel:
     """Streams Chat Completions with tools and usage through the ``openai`` package."""
 
     def stream(self, request: ModelRequest, on_delta: OnDelta, abort: AbortSignal) -> ModelTurn:
-        retries = int(conf.OPENAI.get("max_retries", 2))
-        attempt = 0
-        while True:
-            try:
-                return self._stream_once(request, on_delta, abort)
-            except RETRYABLE as exc:
-                if attempt >= retries:
-                    return ModelTurn(error=_describe(exc))
-                delay = _backoff(attempt, exc)
-                logger.warning(
-                    "model call failed (%s); retry %d in %.2fs", _describe(exc), attempt + 1, delay
-                )
-                attempt += 1
-                if abort.wait(delay):
-                    raise Aborted(abort.reason) from None
-            except openai.APIError as exc:
-                return ModelTurn(error=_describe(exc))
+        return retrying(lambda: self._stream_once(request, on_delta, abort), abort)
 
     def _stream_once(self, request: ModelRequest, on_delta: OnDelta, abort: AbortSignal) -> ModelTurn:
         kwargs: dict[str, Any] = {
             "model": request.model,
-            "messages": request.messages,
+            "messages": _chat_messages(request.messages),
             "stream": True,
             "stream_options": {"include_usage": True},
         }
@@ -81,12 +118,11 @@ class OpenAIModel:
         calls = ToolCallAccumulator()
         text: list[str] = []
         reasoning: list[str] = []
-        received = False
-        try:
+        with Reading(turn) as reading:
             # Each chunk is the JSON object the provider sent, read without the client's per-chunk
             # objects (what most of a stream's CPU went to): the fields are the OpenAI schema's.
-            for chunk in _pumped(kwargs, abort):
-                received = True
+            for chunk in pumped(client().chat.completions.with_streaming_response.create, kwargs, abort):
+                reading.received = True
                 usage = chunk.get("usage")
                 if usage is not None:
                     turn.usage = Usage(usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0)
@@ -114,29 +150,29 @@ class OpenAIModel:
                             )
                     if choice.get("finish_reason"):
                         turn.finish_reason = choice["finish_reason"]
-        except RETRYABLE as exc:
-            if not received:
-                raise
-            # Part of the answer was already streamed, so nothing is retried. A dropped connection
-            # leaves the turn without a finish reason: the engine calls that an incomplete response.
-            if not isinstance(exc, openai.APIConnectionError):
-                turn.error = _describe(exc)
-        except openai.APIError as exc:
-            turn.error = _describe(exc)
-        except Aborted:
-            raise
-        except Exception as exc:
-            turn.error = _describe(exc)
         turn.text = "".join(text)
         turn.reasoning = "".join(reasoning)
         turn.tool_calls = calls.calls(id_prefix=f"call_{secrets.token_hex(6)}_")
         return turn
 
 
+def _chat_messages(messages: list[Message]) -> list[Message]:
+    """The history without what Responses API turns keep (``RESPONSE_ITEMS``), which Chat Completions
+    providers refuse or ignore (a thread may have had agents of both); the same list when none has it."""
+    if not any(RESPONSE_ITEMS in message for message in messages):
+        return messages
+    return [
+        {k: v for k, v in message.items() if k != RESPONSE_ITEMS} if RESPONSE_ITEMS in message else message
+        for message in messages
+    ]
+
+
 _DONE = object()
 
 
-def _pumped(kwargs: dict[str, Any], abort: AbortSignal) -> Iterator[dict[str, Any]]:
+def pumped(
+    create: Callable[..., AbstractContextManager[Any]], kwargs: dict[str, Any], abort: AbortSignal
+) -> Iterator[dict[str, Any]]:
     """Yield the stream's chunks, read by a helper thread, so that an abort is noticed within
     ``POLL`` seconds even while the network read blocks (closing a socket from another thread does
     not wake a blocked read). The abandoned reader is closed and ends with its connection. The
@@ -146,7 +182,7 @@ def _pumped(kwargs: dict[str, Any], abort: AbortSignal) -> Iterator[dict[str, An
     def pump() -> None:
         try:
             # The client still makes the request: its errors, statuses, headers and timeouts.
-            with client().chat.completions.with_streaming_response.create(**kwargs) as response:
+            with create(**kwargs) as response:
                 for batch in _batches(response):
                     batches.put(batch)
                     if abort.is_set():
@@ -177,7 +213,7 @@ def _pumped(kwargs: dict[str, Any], abort: AbortSignal) -> Iterator[dict[str, An
 
 
 def _batches(response: Any) -> Iterator[list[dict[str, Any]]]:
-    """The chunks of a streamed Chat Completions response, those of each network read together, as
+    """The chunks (events) of a streamed response, those of each network read together, as
     the ``openai`` client's own stream reads them: each server-sent event's data is one JSON chunk,
     ``[DONE]`` ends the stream, and a chunk with an ``error`` is the provider's error
     (``APIError``), raised after the chunks before it. A failed read is a cut connection
@@ -190,7 +226,7 @@ def _batches(response: Any) -> Iterator[list[dict[str, Any]]]:
                 if line.startswith(b"data:"):
                     value = line[5:]
                     data.append(value[1:] if value.startswith(b" ") else value)
-                continue  # event:, id:, retry: and comments say nothing a Chat Completions stream needs
+                continue  # event:, id:, retry: and comments: a Responses event names its type in its data too
             if not data:
                 continue
             payload = b"\n".join(data)
@@ -239,7 +275,7 @@ def _reasoning_of(delta: dict[str, Any]) -> str:
     return thought if isinstance(thought, str) else ""
 
 
-def _describe(exc: BaseException) -> str:
+def describe(exc: BaseException) -> str:
     status = getattr(exc, "status_code", None)
     message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
     return f"HTTP {status}: {message}" if status else message

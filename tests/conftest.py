@@ -98,6 +98,17 @@ def model_server() -> Iterator[ScriptedServer]:
         yield server
 
 
+MODEL_API = os.environ.get("CHAMVI_TEST_MODEL_API", "chat")
+"""The API every agent's model is called through in this session: ``chat`` (Chat Completions), or
+``responses``, under which the tests of the engine run again (``tests/lanes.py``): the scripted
+server serves the same replies on either, and records a Responses request as the Chat Completions
+request it stands for."""
+MODELS = {
+    "chat": "chamvi_runs.llm_openai.OpenAIModel",
+    "responses": "chamvi_runs.llm_responses.ResponsesModel",
+}
+
+
 @pytest.fixture(autouse=True)
 def _point_at_model_server(request: pytest.FixtureRequest) -> None:
     """Agents call the scripted server in tests that may run them: those that use the database or the
@@ -108,7 +119,7 @@ def _point_at_model_server(request: pytest.FixtureRequest) -> None:
     settings = request.getfixturevalue("settings")
     settings.CHAMVI_RUNS = {
         **settings.CHAMVI_RUNS,
-        "MODEL": "chamvi_runs.llm_openai.OpenAIModel",
+        "MODEL": MODELS[MODEL_API],
         "OPENAI": {"api_key": "test", "base_url": model_server.base_url, "max_retries": 2, "timeout": 20},
     }
 

@@ -11,6 +11,12 @@ from typing import Any, Literal
 Message = dict[str, Any]
 """One Chat Completions message, stored as is in checkpoints."""
 
+RESPONSE_ITEMS = "response_items"
+"""The key of an assistant message that keeps what a Responses API turn with reasoning sent: its
+reasoning items, sent back with the turn (in the same order, the API pairs each with the item after
+it by id), its messages and its calls' item ids. Opaque to the engine; left out of Chat Completions
+requests."""
+
 
 @dataclass(frozen=True)
 class Usage:
@@ -63,11 +69,17 @@ class ModelTurn:
     usage: Usage = field(default_factory=Usage)
     error: str | None = None
     """Set when the model reported an error or the call raised."""
+    response_items: list[dict[str, Any]] = field(default_factory=list)
+    """A Responses API turn with reasoning: its output items in order (``RESPONSE_ITEMS``)."""
 
     def assistant_message(self, *, with_tool_calls: bool = True) -> Message:
+        """The turn as the history keeps it. Without its tool calls (a broken turn) it keeps no
+        reasoning items either: the API refuses a reasoning item without the items that followed it."""
         message: Message = {"role": "assistant", "content": self.text or None}
         if with_tool_calls and self.tool_calls:
             message["tool_calls"] = [call.as_message_part() for call in self.tool_calls]
+        if with_tool_calls and self.response_items:
+            message[RESPONSE_ITEMS] = self.response_items
         return message
 
 

@@ -1,4 +1,4 @@
-"""A local, scripted, OpenAI-compatible Chat Completions server for tests.
+"""A local, scripted, OpenAI-compatible Chat Completions and Responses API server for tests.
 
 Usage::
 
@@ -30,6 +30,10 @@ the installed ``openai`` client (httpx2 transport):
 * ``error_event(msg)``: the chunks before it are yielded, then iteration raises
   ``openai.APIError`` whose ``message`` is ``msg`` and whose ``body`` is the error dict.
 
+``POST /v1/responses`` (``stream: true`` only) serves the same replies as Responses streaming
+events, and records each request as the Chat Completions request it stands for, the body itself
+under ``responses``: ``tests/support/scripted/responses.py`` says how.
+
 ``stream: false`` requests get a ``chat.completion`` built from the same Reply: text and
 reasoning concatenated, tool calls collected, ``finish_reason`` from ``finish()`` (default
 ``"tool_calls"`` when there are tool calls, else ``"stop"``), ``usage`` from ``usage()``.
@@ -53,6 +57,7 @@ from tests.support.scripted.events import (
     tool_call,
     usage,
 )
+from tests.support.scripted.responses import sealed
 from tests.support.scripted.server import ScriptedServer
 
 __all__ = [
@@ -66,6 +71,7 @@ __all__ = [
     "http_error",
     "raw",
     "reasoning",
+    "sealed",
     "text",
     "tool_call",
     "usage",

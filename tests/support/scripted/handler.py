@@ -21,6 +21,7 @@ from tests.support.scripted.events import (
     ToolCall,
     Usage,
 )
+from tests.support.scripted.responses import chat_view, responses_payloads
 from tests.support.scripted.sse import sse_payloads, usage_dict
 from tests.support.scripted.state import ServerState
 
@@ -83,7 +84,8 @@ class ScriptedHandler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0].rstrip("/")
         length = int(self.headers.get("Content-Length") or 0)
         body_bytes = self.rfile.read(length) if length else b""
-        if not path.endswith("/chat/completions"):
+        responses = path.endswith("/responses")
+        if not (responses or path.endswith("/chat/completions")):
             self._send_error(404, f"unknown path {self.path}", "not_found_error")
             return
         try:
@@ -93,6 +95,18 @@ class ScriptedHandler(BaseHTTPRequestHandler):
         if not isinstance(body, dict):
             self._send_error(400, "request body is not a JSON object", "invalid_request_error")
             return
+        if responses:
+            if not body.get("stream"):
+                self._send_error(400, "the scripted server streams Responses only", "invalid_request_error")
+                return
+            try:
+                # Recorded (and given to responders) as the Chat Completions request it stands for.
+                body = chat_view(body)
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                self._send_error(
+                    400, str(exc), "invalid_request_error", extra_headers=(("x-should-retry", "false"),)
+                )
+                return
 
         state = self.state
         model = str(body.get("model"))
@@ -102,7 +116,7 @@ class ScriptedHandler(BaseHTTPRequestHandler):
             reply = queue.popleft() if queue else None
             responder = state.responders.get(model) if reply is None else None
             state.counter += 1
-            completion_id = f"chatcmpl-scripted-{state.counter}"
+            completion_id = f"{'resp' if responses else 'chatcmpl'}-scripted-{state.counter}"
         if reply is None and responder is not None:
             reply = responder(body)
         if reply is None:
@@ -116,7 +130,9 @@ class ScriptedHandler(BaseHTTPRequestHandler):
 
         with self._busy():
             try:
-                if body.get("stream"):
+                if responses:
+                    self._stream(reply, model, completion_id, responses=True)
+                elif body.get("stream"):
                     self._stream(reply, model, completion_id)
                 else:
                     self._complete(reply, model, completion_id)
@@ -170,7 +186,7 @@ class ScriptedHandler(BaseHTTPRequestHandler):
         self.wfile.flush()
         self.close_connection = True
 
-    def _stream(self, reply: Reply, model: str, completion_id: str) -> None:
+    def _stream(self, reply: Reply, model: str, completion_id: str, responses: bool = False) -> None:
         events = list(reply.events)
         while events and isinstance(head := events[0], Delay):
             self._sleep(head.seconds)
@@ -188,14 +204,20 @@ class ScriptedHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.flush()
 
-        for data in sse_payloads(events, model, completion_id, self._sleep):
+        payloads = (responses_payloads if responses else sse_payloads)(
+            events, model, completion_id, self._sleep
+        )
+        for data in payloads:
             if isinstance(data, Cut):
                 if data.graceful:
                     self._end_chunks()
                 else:
                     self._drop_connection()
                 return
-            self._write_chunk(f"data: {data}\n\n".encode())
+            if isinstance(data, tuple):
+                self._write_chunk(f"event: {data[0]}\ndata: {data[1]}\n\n".encode())
+            else:
+                self._write_chunk(f"data: {data}\n\n".encode())
         self._end_chunks()
 
     def _complete(self, reply: Reply, model: str, completion_id: str) -> None:
