@@ -16,7 +16,7 @@ DEV := $(VENV)/.installed-dev-$(CKSUM)
 HOST_PIP := $(shell $(PYTHON) -m pip --help 2>/dev/null | grep -q -- '--python <python>' && echo yes)
 PIP := $(if $(HOST_PIP),$(PYTHON) -m pip --python $(PY),$(PY) -m pip)
 
-.PHONY: demo lint check test test-django6 soak bench bench-overhead bench-long worker tick clean screenshots
+.PHONY: demo lint check test test-django6 soak bench bench-overhead bench-long bench-mcp worker tick clean screenshots
 
 $(PY):
 	$(PYTHON) -m venv $(if $(HOST_PIP),--without-pip) $(VENV)
@@ -95,6 +95,10 @@ bench-overhead: $(DEV)
 # A step's cost as a run grows to 20, 100 and 200 tool turns (docs/performance.md).
 bench-long: $(DEV)
 	$(PY) -m bench.long_run
+
+# An MCP tool call on the kept session against a fresh connection per call (docs/mcp.md).
+bench-mcp: $(DEV)
+	$(PY) -m bench.mcp_calls
 
 worker: $(BASE)
 	$(PY) manage.py rqworker chamvi

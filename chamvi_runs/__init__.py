@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .agents.questions import human_tool
-from .agents.tools import effect_tool, tool
+from .agents.tools import Approval, effect_tool, tool
 from .core.budget import Budget
 
 if TYPE_CHECKING:
-    from .agents.agent import Agent, Approval, RunContext
+    from .agents.agent import Agent, RunContext
     from .agents.versions import VersionChange
     from .api import answer, approve, cancel_run, deny, regenerate, resend, send_input, start_run
 
@@ -34,7 +34,6 @@ __all__ = [
 
 _LAZY = {
     "Agent": "agents.agent",
-    "Approval": "agents.agent",
     "answer": "api",
     "RunContext": "agents.agent",
     "VersionChange": "agents.versions",

@@ -172,7 +172,7 @@ class RunAdmin(Storable, ReadOnly, admin.ModelAdmin):
     # Dates by range (today, the past 7 days, ...): a date hierarchy reads the distinct days of the
     # whole table on every page.
     list_filter = ["status", AgentFilter, VersionFilter, "created_at"]
-    list_defer = ("trigger", "output", "error_message")
+    list_defer = ("trigger", "output", "error_message", "listed_tools")
     # "N total" would count the whole table on every page.
     show_full_result_count = False
     search_fields = ["id", "thread", "concurrency_key", "trigger_id"]

@@ -28,6 +28,7 @@ E026       ``MAX_PENDING_INPUT_BYTES`` is not a positive int, or is less than ``
 E028       ``MAX_CHILD_DEPTH`` is not a positive int
 E029       ``VERSION_GRACE_SECONDS`` is not a number >= 0
 E030       ``TRACE_CONTENT`` is not a bool
+E031       ``RESPONSES_MODEL`` cannot be imported
 W001       an unknown key in ``CHAMVI_RUNS`` (a typo?)
 W002       ``RQ['WORKER_CLASS']`` is not ``chamvi_runs.worker.Worker`` (``rq`` executor)
 E018       ``CHANNEL_LAYERS`` has no ``default`` layer: websockets and Server-Sent Events need one
@@ -124,7 +125,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error | Warni
             errors.append(
                 _error("OPENAI", f"must be a positive number, not {openai['timeout']!r}", "E008", "timeout")
             )
-    for key, id_ in (("POLICY", "E009"), ("MODEL", "E013")):
+    for key, id_ in (("POLICY", "E009"), ("MODEL", "E013"), ("RESPONSES_MODEL", "E031")):
         if not isinstance(value[key], str):
             errors.append(_error(key, f"must be a dotted import path, not {value[key]!r}", id_))
             continue

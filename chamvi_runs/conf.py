@@ -33,6 +33,7 @@ DEFAULTS: dict[str, Any] = {
     "TRACE_CONTENT": False,
     "CONCURRENCY": 1,
     "MODEL": "chamvi_runs.llm_openai.OpenAIModel",
+    "RESPONSES_MODEL": "chamvi_runs.llm_responses.ResponsesModel",
     "METRICS_PORT": None,
     "METRICS_ADDR": "127.0.0.1",
     "METRICS_TOKEN": None,
@@ -148,6 +149,11 @@ class Conf:
     def MODEL(self) -> str:
         """Dotted path of the model class (``chamvi_runs.core.ports.Model``)."""
         return str(self._get("MODEL"))
+
+    @property
+    def RESPONSES_MODEL(self) -> str:
+        """Dotted path of the model class of agents with ``model_api="responses"``."""
+        return str(self._get("RESPONSES_MODEL"))
 
     @property
     def METRICS_PORT(self) -> int | None:

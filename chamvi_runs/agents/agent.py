@@ -18,32 +18,15 @@ from django.core.exceptions import ImproperlyConfigured
 from ..core.budget import Budget
 from ..core.types import AbortSignal
 from ..errors import AgentNotFound
-from . import delegation, versions
-from .tools import Tool
+from . import delegation, toolsets, versions
+from .tools import Approval, ApprovalRule, Tool, condition_of
 
 if TYPE_CHECKING:
     from ..models import Run, WaitPoint
 
-Condition = bool | Callable[[dict[str, Any], "RunContext"], bool]
-
-
-@dataclass(frozen=True)
-class Approval:
-    """A tool's approval rule, as a value of ``Agent(approvals={...})``: ``when`` it is asked for (a
-    bool or ``callable(input, ctx)``), and whether the approver may change the arguments before
-    approving (``editable``)."""
-
-    when: Condition = True
-    editable: bool = True
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.when, bool) or callable(self.when)):
-            raise ImproperlyConfigured("Approval(when=...) must be a bool or callable(input, ctx)")
-        if not isinstance(self.editable, bool):
-            raise ImproperlyConfigured("Approval(editable=...) must be a bool")
-
-
-ApprovalRule = Condition | Approval
+MODEL_APIS = ("chat", "responses")
+"""How an agent's model is called: Chat Completions (``CHAMVI_RUNS["MODEL"]``) or the Responses API
+(``CHAMVI_RUNS["RESPONSES_MODEL"]``)."""
 
 
 @dataclass
@@ -65,7 +48,8 @@ class Agent:
         name: str,
         model: str,
         instructions: str | Callable[[RunContext], str] = "",
-        tools: Sequence[Tool] | Callable[[RunContext], Sequence[Tool]] = (),
+        tools: Sequence[Tool | Agent | toolsets.Toolset]
+        | Callable[[RunContext], Sequence[Tool | toolsets.Toolset]] = (),
         approvals: dict[str, ApprovalRule] | None = None,
         approval_ttl: timedelta | None = None,
         budget: Budget | None = None,
@@ -75,6 +59,7 @@ class Agent:
         input: type[pydantic.BaseModel] | dict[str, Any] | None = None,
         version: str | None = None,
         on_version_change: versions.VersionRule | None = None,
+        model_api: str = "chat",
     ) -> None:
         if not name or not isinstance(name, str):
             raise ImproperlyConfigured("Agent name must be a non-empty string")
@@ -102,6 +87,11 @@ class Agent:
             )
         if notifier is not None and not callable(notifier):
             raise ImproperlyConfigured(f"Agent {name}: notifier must be callable(run, waitpoint)")
+        if model_api not in MODEL_APIS:
+            raise ImproperlyConfigured(
+                f"Agent {name}: model_api must be one of {', '.join(map(repr, MODEL_APIS))}, "
+                f"not {model_api!r}"
+            )
         if version is not None and not (isinstance(version, str) and 0 < len(version) <= 64):
             raise ImproperlyConfigured(f"Agent {name}: version must be a string of 1 to 64 characters")
         if on_version_change is not None and not (
@@ -123,28 +113,43 @@ class Agent:
             # after these checks.
             tools = tuple(_as_tool(name, t) if isinstance(t, Agent) else t for t in tools)
             seen: set[str] = set()
+            sets: set[str] = set()
             for t in tools:
+                if isinstance(t, toolsets.Toolset):
+                    if t.name in sets:
+                        raise ImproperlyConfigured(f"Agent {name}: two toolsets are named {t.name!r}")
+                    sets.add(t.name)
+                    continue
                 if not isinstance(t, Tool):
-                    raise ImproperlyConfigured(f"Agent {name}: {t!r} is not a @tool or @effect_tool")
+                    raise ImproperlyConfigured(
+                        f"Agent {name}: {t!r} is not a @tool, an @effect_tool, an agent or mcp_tools()"
+                    )
                 if t.name in seen:
                     raise ImproperlyConfigured(f"Agent {name}: two tools are named {t.name!r}")
                 seen.add(t.name)
         rules: dict[str, Approval] = {
-            tool_name: rule if isinstance(rule, Approval) else _condition(name, tool_name, rule)
-            for tool_name, rule in (approvals or {}).items()
+            tool_name: _rule(name, tool_name, rule) for tool_name, rule in (approvals or {}).items()
         }
         for tool_name in rules:
             # A misspelt name would silently run the tool without approval.
-            if not callable(tools) and tool_name not in {t.name for t in tools}:
+            if not callable(tools) and tool_name not in {t.name for t in tools if isinstance(t, Tool)}:
                 raise ImproperlyConfigured(
                     f"Agent {name}: approvals names {tool_name!r}, which is not one of its tools"
+                    + (
+                        " (the approvals of an MCP server's tools go in its mcp_tools(approvals=...))"
+                        if any(isinstance(t, toolsets.Toolset) for t in tools)
+                        else ""
+                    )
                 )
-            if not callable(tools) and any(t.name == tool_name and t.question for t in tools):
+            if not callable(tools) and any(
+                isinstance(t, Tool) and t.name == tool_name and t.question for t in tools
+            ):
                 raise ImproperlyConfigured(
                     f"Agent {name}: {tool_name!r} is a human_tool: its user answers it, nobody approves it"
                 )
         self.name = name
         self.model = model
+        self.model_api = model_api
         self.instructions = instructions
         self.tools = tools
         self.approvals = rules
@@ -174,19 +179,28 @@ class Agent:
     def render_instructions(self, ctx: RunContext) -> str:
         return self.instructions(ctx) if callable(self.instructions) else self.instructions
 
-    def assemble_tools(self, ctx: RunContext) -> dict[str, Tool]:
+    def assemble_tools(self, ctx: RunContext, listed: dict[str, Any] | None = None) -> dict[str, Tool]:
+        """The run's tools by name. A toolset's come from the listing the run recorded, or are
+        listed now; ``listed`` gets the listings this call made, for the caller to record."""
         tools = self.tools(ctx) if callable(self.tools) else self.tools
-        return {t.name: t for t in tools}
+        plain = [t for t in tools if isinstance(t, Tool)]
+        if len(plain) == len(tools):
+            return {t.name: t for t in plain}
+        return toolsets.assemble(tools, ctx.run.listed_tools, listed)
 
-    def needs_approval(self, tool_name: str, arguments: dict[str, Any], ctx: RunContext) -> bool:
-        rule = self.approvals.get(tool_name)
+    def rule(self, tool: Tool) -> Approval | None:
+        """The approval rule of ``tool``: the agent's, or the one it came with (an MCP server's)."""
+        return self.approvals.get(tool.name) or tool.approval
+
+    def needs_approval(self, tool: Tool, arguments: dict[str, Any], ctx: RunContext) -> bool:
+        rule = self.rule(tool)
         if rule is None:
             return False
         return bool(rule.when(arguments, ctx)) if callable(rule.when) else rule.when
 
-    def editable(self, tool_name: str) -> bool:
-        """Whether an approver may change the arguments of ``tool_name`` before approving."""
-        rule = self.approvals.get(tool_name)
+    def editable(self, tool: Tool) -> bool:
+        """Whether an approver may change the arguments of ``tool`` before approving."""
+        rule = self.rule(tool)
         return rule is None or rule.editable
 
     def response_format(self) -> dict[str, Any] | None:
@@ -244,12 +258,11 @@ def _as_tool(agent: str, child: Agent) -> Tool:
         ) from None
 
 
-def _condition(agent: str, tool_name: str, rule: Any) -> Approval:
-    if not (isinstance(rule, bool) or callable(rule)):
-        raise ImproperlyConfigured(
-            f"Agent {agent}: approvals[{tool_name!r}] must be a bool, callable(input, ctx) or Approval"
-        )
-    return Approval(when=rule)
+def _rule(agent: str, tool_name: str, rule: Any) -> Approval:
+    try:
+        return condition_of(rule)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"Agent {agent}: approvals[{tool_name!r}] {exc}") from None
 
 
 _JSON_TYPES: dict[str, Callable[[Any], bool]] = {

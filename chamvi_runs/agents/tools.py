@@ -14,9 +14,42 @@ from typing import Any, get_type_hints, overload
 
 import pydantic
 import pydantic_core
+from django.core.exceptions import ImproperlyConfigured
 
 from ..core.storable import storable
 from ..errors import InvalidAnswer, ToolArgumentsError
+
+Condition = bool | Callable[[dict[str, Any], Any], bool]
+"""A bool, or ``callable(input, ctx)`` of a call's arguments and its ``RunContext`` (``agents.agent``,
+above this module)."""
+
+
+@dataclass(frozen=True)
+class Approval:
+    """A tool's approval rule, as a value of ``Agent(approvals={...})``: ``when`` it is asked for (a
+    bool or ``callable(input, ctx)``), and whether the approver may change the arguments before
+    approving (``editable``)."""
+
+    when: Condition = True
+    editable: bool = True
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.when, bool) or callable(self.when)):
+            raise ImproperlyConfigured("Approval(when=...) must be a bool or callable(input, ctx)")
+        if not isinstance(self.editable, bool):
+            raise ImproperlyConfigured("Approval(editable=...) must be a bool")
+
+
+ApprovalRule = Condition | Approval
+
+
+def condition_of(rule: Any) -> Approval:
+    """An ``approvals`` value as an Approval; ValueError says what it should have been."""
+    if isinstance(rule, Approval):
+        return rule
+    if not (isinstance(rule, bool) or callable(rule)):
+        raise ValueError("must be a bool, callable(input, ctx) or Approval")
+    return Approval(when=rule)
 
 
 @dataclass(frozen=True)
@@ -65,6 +98,9 @@ class Tool:
     """Set for ``human_tool``: a call asks the run's user, and the answer is its result."""
     delegate: str | None = None
     """Set for an agent as a tool (``Agent.as_tool``): the agent a call starts a child run of."""
+    approval: Approval | None = None
+    """The approval rule the tool comes with (an MCP server's tools get theirs from ``mcp_tools``);
+    the agent's ``approvals`` take precedence."""
 
     def schema(self) -> dict[str, Any]:
         """The Chat Completions tool definition (a fresh copy: callers may change it)."""

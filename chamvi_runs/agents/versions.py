@@ -1,6 +1,7 @@
 """An agent's version (SPEC §14): what its runs were written for. Derived, it is a hash of what
 changes how a run goes on: the instructions (when a string; a callable by its name), the model, the
-output schema, and each tool's name, kind and argument schema (a tool factory by its name). Two
+output schema, and each tool's name, kind and argument schema (a tool factory by its name; a
+toolset by its configuration, since its tools are listed per run). Two
 processes with the same agent code derive the same version; a deploy that changes any of these
 changes it."""
 
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from .tools import Tool
+from .toolsets import Toolset
 
 if TYPE_CHECKING:
     from ..models import Run
@@ -67,8 +69,13 @@ def derived(agent: Any) -> str:
         else _named(agent.instructions),
         "model": agent.model,
         "output": agent.response_format(),
-        "tools": _named(tools) if callable(tools) else [_tool(t) for t in tools],
+        "tools": _named(tools)
+        if callable(tools)
+        else [_tool(t) if isinstance(t, Tool) else t.describe() for t in tools],
     }
+    # Only when not the default: agents of earlier releases keep the version they derived then.
+    if agent.model_api != "chat":
+        described["model_api"] = agent.model_api
     text = json.dumps(described, sort_keys=True, default=str, ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
@@ -76,7 +83,8 @@ def derived(agent: Any) -> str:
 def missing_tools(agent: Any, called: frozenset[str]) -> list[str]:
     """The tools of ``called`` that ``agent`` (an ``Agent``) no longer has; none for an agent whose
     tools a callable builds per run (they are known only then: a removed one is a tool error)."""
-    if callable(agent.tools):
+    if callable(agent.tools) or any(isinstance(t, Toolset) for t in agent.tools):
+        # A toolset's tools are known once listed: a tool its server dropped is a tool error.
         return []
     return sorted(called - {t.name for t in agent.tools})
 

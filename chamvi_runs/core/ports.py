@@ -44,6 +44,10 @@ class Store(Protocol):
 
     def start_model_call(self, claim: Claim) -> list[Any] | None: ...
 
+    def record_listings(
+        self, claim: Claim, listed: dict[str, Any], recorded: dict[str, Any] | None
+    ) -> bool: ...
+
     def save_step(
         self,
         claim: Claim,

@@ -34,6 +34,12 @@ class Run(models.Model):
         help_text="Where the run came from, for every execution to carry on (the W3C trace context "
         "of the caller that started it, with OpenTelemetry: chamvi_runs.tracing).",
     )
+    listed_tools = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="The listing of each toolset (an MCP server's tools) the run saw first, by the "
+        "toolset's name: every later execution of the run has the same tools.",
+    )
     status = models.CharField(
         max_length=20, choices=[(s.value, s.name.title()) for s in Status], default=Status.QUEUED.value
     )

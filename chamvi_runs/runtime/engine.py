@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 import uuid
+from typing import Any
 
 from django.db import InterfaceError, OperationalError, close_old_connections
 
@@ -192,7 +193,10 @@ class Execution:
         except HistoryUnavailable as exc:
             return self.writes.settle(Settle(Status.FAILED, (ErrorCode.HISTORY_UNAVAILABLE, str(exc))))
         self.writes.opens(messages, opening)
-        tools = agent.assemble_tools(ctx)
+        listed: dict[str, Any] = {}
+        tools = agent.assemble_tools(ctx, listed)
+        if listed and (ending := self.writes.record_listings(listed, self.run_row.listed_tools)) is not None:
+            return ending
         calls = ToolCalls(self.claim, self.abort, self.run_row, agent, tools, self.emit)
         if open_tool_calls(messages):
             resumed = self.resume_calls(agent, calls, messages, index)

@@ -82,6 +82,13 @@ class FencedWrites:
         inputs = self.db.start_model_call(self.claim)
         return lost(self.claim, "claim lost before a model call") if inputs is None else inputs
 
+    def record_listings(self, listed: dict[str, Any], recorded: dict[str, Any] | None) -> Ending | None:
+        """The toolset listings this execution made, recorded before any of their tools runs: a
+        later execution of the run must have the tools this one offered the model."""
+        if not self.db.record_listings(self.claim, listed, recorded):
+            return lost(self.claim, "lease lost before recording the tools")
+        return None
+
     def renew(self, usage: Usage) -> Ending | None:
         """Before a model call's tools run. The lease keeper checks only every heartbeat: a worker
         that froze during the stream learns here, before any tool runs, that another worker may

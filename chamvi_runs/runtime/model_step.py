@@ -36,8 +36,10 @@ Position = tuple[list[Message], int]
 """Where the loop stands: the history, and the index of its next step."""
 
 
-def model() -> Model:
-    factory: Callable[[], Model] = import_string(conf.MODEL)
+def model(agent: Agent) -> Model:
+    """The agent's model adapter: ``MODEL`` (Chat Completions), or ``RESPONSES_MODEL``."""
+    path = conf.RESPONSES_MODEL if agent.model_api == "responses" else conf.MODEL
+    factory: Callable[[], Model] = import_string(path)
     return factory()
 
 
@@ -129,7 +131,7 @@ class ModelSteps:
         # Nothing is written until the call returns: a pooled connection serves others meanwhile.
         self.db.hand_back()
         try:
-            turn = model().stream(request, on_delta, self.abort)
+            turn = model(agent).stream(request, on_delta, self.abort)
         except Aborted:
             # The model call is abandoned: no step is written for it.
             ending = self.writes.stop_if_aborted(self.abort)

@@ -121,7 +121,7 @@ class ToolCalls:
                         f"({conf.MAX_CHILD_DEPTH} runs deep); do the task without delegating"
                     )
                     tool = None
-                elif self.agent.needs_approval(name, arguments, ctx):
+                elif self.agent.needs_approval(tool, arguments, ctx):
                     return Answered(
                         messages,
                         steps,
@@ -189,7 +189,7 @@ class ToolCalls:
             ttl=self.ttl(),
             step_index=index,
             started_at=started,
-            editable=self.agent.editable(tool.name),
+            editable=self.agent.editable(tool),
         )
 
     def questions(

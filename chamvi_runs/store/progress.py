@@ -124,6 +124,12 @@ def _record(
     return waiting
 
 
+def record_listings(claim: Claim, listed: dict[str, Any], recorded: dict[str, Any] | None) -> bool:
+    """Add the toolset listings an execution made to those its run ``recorded`` (as the execution
+    read them: no one else writes them while it holds the claim). False: the claim is lost."""
+    return update_held(claim, listed_tools={**(recorded or {}), **storable(listed)})
+
+
 def save_step(
     claim: Claim,
     steps: list[StepRecord],

@@ -119,6 +119,14 @@ class ExecutionWrites(Reads):
 
     # --- store.progress ----------------------------------------------------------------------
 
+    def record_listings(self, claim: Claim, listed: dict[str, Any], recorded: dict[str, Any] | None) -> bool:
+        with self._atomic():
+            run = self._held(claim)
+            if run is None:
+                return False
+            run.listed_tools = {**(recorded or {}), **listed}
+            return True
+
     def _record(
         self,
         claim: Claim,

@@ -57,7 +57,7 @@ class StuckRunAdmin(Storable, ReadOnly, admin.ModelAdmin):
     list_display = ["run_id", "agent", "why_stuck", "attempt", "claim_owner", "created_at"]
     list_display_links = None
     list_filter = [StuckReasonFilter, AgentFilter]
-    list_defer = ("trigger", "output", "error_message")
+    list_defer = ("trigger", "output", "error_message", "listed_tools")
     show_full_result_count = False
     search_fields = ["id"]
     actions = ["requeue_runs", "move_to_current_version", "cancel_runs"]

@@ -74,6 +74,32 @@ def test_only_tracing_imports_opentelemetry_and_the_app_imports_it_only_when_ins
     assert '_installed("opentelemetry.trace")' in apps and "from . import tracing" in apps
 
 
+def test_only_the_mcp_connection_imports_mcp_and_only_the_mcp_package_jsonschema():
+    """The ``mcp`` extra is optional: nothing outside ``chamvi_runs.mcp`` imports it (SPEC §15), and
+    importing that package does not import ``mcp`` (a second or more): its modules do on first use."""
+    assert sorted(str(p.relative_to(PACKAGE)) for p in _modules() if "mcp" in _imports(p)) == [
+        "mcp/connection.py"
+    ]
+    assert sorted(str(p.relative_to(PACKAGE)) for p in _modules() if "jsonschema" in _imports(p)) == [
+        "mcp/toolset.py"
+    ]
+    import grimp
+
+    graph = grimp.build_graph("chamvi_runs")
+    mcp = {m for m in graph.modules if m == "chamvi_runs.mcp" or m.startswith("chamvi_runs.mcp.")}
+    importers = set().union(*(graph.find_modules_that_directly_import(m) for m in mcp)) - mcp
+    assert importers == set()
+
+
+def test_importing_the_mcp_package_leaves_mcp_unimported():
+    import subprocess
+    import sys
+
+    code = "import sys, chamvi_runs.mcp; print('mcp' in sys.modules, 'jsonschema' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.split() == ["False", "False"]
+
+
 def test_no_module_imports_itself_back():
     """No import cycle, function-local imports included (they hid two before the layout had layers)."""
     import grimp

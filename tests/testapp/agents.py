@@ -4,13 +4,16 @@ server, so tests stay independent. Worker subprocesses import these too."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Literal
 
 import pydantic
 
 from chamvi_runs import Agent, Approval, Budget, effect_tool, human_tool, tool
+from chamvi_runs.mcp import mcp_tools
 
 from .models import Refund
 
@@ -205,6 +208,25 @@ chain_a = _agent("chain_a", tools=[chain_b])
 
 # A rolling deploy (tests/system/test_rolling_deploy.py): the release of the deploy site's agents this
 # process has, old ("v1", the default) or new ("v2").
+# MCP (SPEC §15): the test MCP server over stdio, a child of each process that calls its tools.
+mcp_desk = _agent(
+    "mcp_desk",
+    tools=[
+        mcp_tools(
+            "crm",
+            command=[sys.executable, "-m", "tests.support.mcp_server"],
+            cwd=str(Path(__file__).resolve().parents[2]),
+            prefix="crm_",
+            effects=["create_ticket"],
+            # What tests/system/test_mcp_worker.py gives each worker, passed on to its server.
+            env={
+                name: os.environ.get(name, "")
+                for name in ("CHAMVI_TEST_MCP_LOG", "CHAMVI_TEST_MCP_KILL_CALLER")
+            },
+        )
+    ],
+)
+
 from importlib import import_module  # noqa: E402
 
 _DEPLOY = os.environ.get("CHAMVI_TEST_DEPLOY", "v1")

@@ -55,6 +55,7 @@ CASES = [
     ("E028", {"MAX_CHILD_DEPTH": 0}, "CHAMVI_RUNS['MAX_CHILD_DEPTH']"),
     ("E029", {"VERSION_GRACE_SECONDS": -1}, "CHAMVI_RUNS['VERSION_GRACE_SECONDS']"),
     ("E030", {"TRACE_CONTENT": "yes"}, "CHAMVI_RUNS['TRACE_CONTENT']"),
+    ("E031", {"RESPONSES_MODEL": "chamvi_runs.no_such_module.Model"}, "CHAMVI_RUNS['RESPONSES_MODEL']"),
     ("E026", {"MAX_PENDING_INPUT_BYTES": 1024}, "CHAMVI_RUNS['MAX_PENDING_INPUT_BYTES']"),
 ]
 
@@ -164,7 +165,7 @@ def test_openai_good_options(settings):
     assert check_settings() == []
 
 
-@pytest.mark.parametrize(("key", "id_"), [("MODEL", "E013"), ("POLICY", "E009")])
+@pytest.mark.parametrize(("key", "id_"), [("MODEL", "E013"), ("POLICY", "E009"), ("RESPONSES_MODEL", "E031")])
 @pytest.mark.parametrize("value", [123, None, "nodots", "chamvi_runs.conf.NoSuchName"])
 def test_import_paths_never_crash_the_check(settings, key, id_, value):
     _override(settings, **{key: value})

@@ -383,7 +383,7 @@ def test_a_non_tool_in_tools(name):
     def plain(x: int) -> int:
         return x
 
-    with pytest.raises(ImproperlyConfigured, match="is not a @tool or @effect_tool"):
+    with pytest.raises(ImproperlyConfigured, match="is not a @tool, an @effect_tool, an agent or mcp_tools"):
         Agent(name=name, model="m", tools=[add, plain])
     with pytest.raises(AgentNotFound):
         registry.get(name)  # a rejected agent is not registered
@@ -434,17 +434,18 @@ def test_needs_approval_with_bool_and_callable_rules(name):
         name=name, model="m", tools=[add, refund, ship], approvals={"refund": big, "add": False, "ship": True}
     )
     ctx = _ctx(agent)
-    assert agent.needs_approval("refund", {"order_id": "A", "amount_cents": 5000}, ctx) is True
-    assert agent.needs_approval("refund", {"order_id": "A", "amount_cents": 10}, ctx) is False
+    assert agent.needs_approval(refund, {"order_id": "A", "amount_cents": 5000}, ctx) is True
+    assert agent.needs_approval(refund, {"order_id": "A", "amount_cents": 10}, ctx) is False
     assert calls[0] == ({"order_id": "A", "amount_cents": 5000}, ctx)
-    assert agent.needs_approval("ship", {}, ctx) is True
-    assert agent.needs_approval("add", {"a": 1}, ctx) is False
-    assert agent.needs_approval("whoami", {}, ctx) is False  # no rule: no approval
+    assert agent.needs_approval(ship, {}, ctx) is True
+    assert agent.needs_approval(add, {"a": 1}, ctx) is False
+    assert agent.needs_approval(whoami, {}, ctx) is False  # no rule: no approval
 
 
 def test_approvals_of_a_tool_factory_are_not_checked_against_names(name):
-    agent = Agent(name=name, model="m", tools=lambda ctx: [add], approvals={"later": True})
-    assert agent.needs_approval("later", {}, _ctx(agent)) is True
+    later = tool(name="later")(lambda: "")
+    agent = Agent(name=name, model="m", tools=lambda ctx: [add, later], approvals={"later": True})
+    assert agent.needs_approval(later, {}, _ctx(agent)) is True
 
 
 def test_response_format_for_a_pydantic_model(name):
