@@ -8,6 +8,13 @@ and REDIS_URL, or given as SYSTEM_DATABASE_URL and SYSTEM_REDIS_URL), so the lan
 queues, channel groups or replay buffers. The tests marked ``alone`` restart PostgreSQL or Redis,
 which would cut the other lane's connections: they run after both lanes, by themselves.
 
+The tests of the engine that call the model run twice: in their lane on Chat Completions, and again
+on the Responses API adapter (``CHAMVI_TEST_MODEL_API=responses``, tests/conftest.py; the scripted
+server answers both with the same replies) in a third lane, on a database and a Redis database of
+its own, started as soon as either of the first two ends, beside the other: alone it takes a
+minute on a two-core machine (22 s of CPU, a fresh database included), less than the lanes' ends
+are apart in most runs.
+
 ``pytest`` alone still runs everything in one process, one test after another.
 
     python -m tests.lanes [pytest options for every lane]
@@ -29,18 +36,52 @@ DATABASE_URL = "postgres://postgres@127.0.0.1:5432/chamvi"  # tests/settings.py'
 REDIS_URL = "redis://127.0.0.1:6379/15"
 REDIS_DATABASES = 16  # a Redis server's default `databases`
 DURATIONS = "--durations=15"  # each lane names its slowest tests: where the next minute is
+RESPONSES_TESTS = [
+    *(
+        f"tests/integration/{name}.py"
+        for name in (
+            "test_engine_basics",
+            "test_engine_failures",
+            "test_approvals_and_effects",
+            "test_approval_binding",
+            "test_questions",
+            "test_regenerate",
+            "test_edit_approval",
+            "test_call_counting",
+            "test_history_parts",
+            "test_claims_and_steering",
+            "test_child_runs",
+            "test_stream_repair",
+            "test_settled_histories",
+            "test_unstorable_text",
+            "test_cancel_races",
+            "test_effect_leases",
+        )
+    ),
+    # Workers killed mid-stream and at the save of a later step, recovered from their checkpoints.
+    "tests/system/test_worker_process.py::test_sigkill_mid_stream_is_recovered_by_the_janitor",
+    "tests/system/faults/test_history_crash.py",
+    # Holds what a Chat Completions turn stores: a Responses turn with reasoning also keeps its items
+    # (tests/integration/test_responses_reasoning.py holds those).
+    "--deselect",
+    "tests/integration/test_engine_basics.py::test_text_answer_completes_with_steps_checkpoint_and_usage",
+]
 
 
 def database_of_its_own(url: str) -> str:
     """The same server, another database: pytest-django creates and drops ``test_<name>``."""
+    return database_named(url, "system")
+
+
+def database_named(url: str, suffix: str) -> str:
     parts = urlsplit(url)
-    return urlunsplit(parts._replace(path=f"{parts.path.rstrip('/') or '/chamvi'}_system"))
+    return urlunsplit(parts._replace(path=f"{parts.path.rstrip('/') or '/chamvi'}_{suffix}"))
 
 
-def redis_database_of_its_own(url: str) -> str:
+def redis_database_of_its_own(url: str, before: int = 1) -> str:
     parts = urlsplit(url)
     number = int(parts.path.strip("/") or 0)
-    return urlunsplit(parts._replace(path=f"/{(number - 1) % REDIS_DATABASES}"))
+    return urlunsplit(parts._replace(path=f"/{(number - before) % REDIS_DATABASES}"))
 
 
 @dataclass
@@ -70,6 +111,10 @@ class Lane:
         if out:
             out.close()
 
+    def ended(self) -> bool:
+        assert self.proc is not None
+        return self.proc.poll() is not None
+
     def wait(self) -> int:
         assert self.proc is not None
         code = self.proc.wait()
@@ -92,17 +137,30 @@ def main(extra: list[str]) -> int:
         "DATABASE_URL": os.environ.get("SYSTEM_DATABASE_URL") or database_of_its_own(database),
         "REDIS_URL": os.environ.get("SYSTEM_REDIS_URL") or redis_database_of_its_own(redis),
     }
+    responses_env = {
+        "DATABASE_URL": database_named(database, "responses"),
+        "REDIS_URL": redis_database_of_its_own(redis, before=2),
+        "CHAMVI_TEST_MODEL_API": "responses",
+    }
     computing = Lane("unit and integration", ["tests/unit", "tests/integration", DURATIONS])
     waiting = Lane("system", ["tests/system", "-m", "not alone", DURATIONS], system_env)
+    responses = Lane("the engine on the Responses API", [*RESPONSES_TESTS, DURATIONS], responses_env)
     alone = Lane("restarting PostgreSQL and Redis", ["tests/system", "-m", "alone"])
 
     started = time.monotonic()
     waiting.start(extra, to_log=True)  # first: its longest tests start processes and then wait
     computing.start(extra, to_log=False)
-    codes = {computing.name: computing.wait()}
-    codes[waiting.name] = waiting.wait()
-    computing.report(codes[computing.name])
-    waiting.report(codes[waiting.name])
+    codes: dict[str, int] = {}
+    while len(codes) < 2:
+        for lane in (computing, waiting):
+            if lane.name not in codes and lane.ended():
+                codes[lane.name] = lane.wait()
+        if codes and responses.proc is None:
+            responses.start(extra, to_log=True)
+        time.sleep(0.5)
+    codes[responses.name] = responses.wait()
+    for lane in (computing, waiting, responses):
+        lane.report(codes[lane.name])
     alone.start(extra, to_log=False)
     codes[alone.name] = alone.wait()
     alone.report(codes[alone.name])
