@@ -78,6 +78,8 @@ class Reading:
     def __init__(self, turn: ModelTurn) -> None:
         self.turn = turn
         self.received = False
+        self.failure: Exception | None = None
+        """The error the turn's ``error`` describes."""
 
     def __enter__(self) -> Reading:
         return self
@@ -91,9 +93,9 @@ class Reading:
             if not self.received:
                 return False
             if not isinstance(exc, openai.APIConnectionError):
-                self.turn.error = describe(exc)
+                self.turn.error, self.failure = describe(exc), exc
             return True
-        self.turn.error = describe(exc)
+        self.turn.error, self.failure = describe(exc), exc
         return True
 
 

@@ -34,6 +34,11 @@ _INCOMPLETE: dict[Any, str] = {"max_output_tokens": "length", "content_filter": 
 """Why a response is incomplete -> the Chat Completions finish reason the engine knows."""
 
 
+_UNENCRYPTED: set[str] = set()
+"""Models that refused to send their reasoning encrypted (this process asked): those that do not
+reason (``gpt-4o``, ``gpt-4.1``) answer HTTP 400 to ``include=["reasoning.encrypted_content"]``."""
+
+
 class ResponsesModel:
     """Streams the Responses API with tools, structured output and reasoning items."""
 
@@ -43,6 +48,32 @@ class ResponsesModel:
 
 
 def _stream_once(kwargs: dict[str, Any], on_delta: OnDelta, abort: AbortSignal) -> ModelTurn:
+    if kwargs["model"] in _UNENCRYPTED:
+        kwargs = _unencrypted(kwargs)
+    turn, failure = _read(kwargs, on_delta, abort)
+    if "include" in kwargs and _refuses_encryption(failure):
+        # Nothing was streamed: the same call again, without, and without for this model from now on.
+        _UNENCRYPTED.add(kwargs["model"])
+        turn, _ = _read(_unencrypted(kwargs), on_delta, abort)
+    return turn
+
+
+def _unencrypted(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in kwargs.items() if k != "include"}
+
+
+def _refuses_encryption(failure: Exception | None) -> bool:
+    body = getattr(failure, "body", None)
+    return (
+        getattr(failure, "status_code", None) == 400
+        and isinstance(body, dict)
+        and body.get("param") == "include"
+    )
+
+
+def _read(
+    kwargs: dict[str, Any], on_delta: OnDelta, abort: AbortSignal
+) -> tuple[ModelTurn, Exception | None]:
     turn = ModelTurn()
     output = _Output()
     with Reading(turn) as reading:
@@ -79,7 +110,7 @@ def _stream_once(kwargs: dict[str, Any], on_delta: OnDelta, abort: AbortSignal) 
             elif kind == "error":
                 turn.error = _error_text(event, "an error occurred during streaming")
     output.finish(turn)
-    return turn
+    return turn, reading.failure
 
 
 @dataclass

@@ -58,6 +58,7 @@ def agents() -> Iterator[None]:
             model_api="responses",
         ),
         Agent(name="judge", model="m-judge", instructions="Judge.", output=Verdict, model_api="responses"),
+        Agent(name="plain", model="m-plain", model_api="responses"),
     ]
     yield
     for agent in made:
@@ -214,6 +215,18 @@ def test_a_rate_limited_call_is_tried_again(server):
     run = execute(start_run("thinker", "x"))
     assert (run.status, run.output, run.model_calls) == ("completed", "Done.", 1)
     assert len(server.requests_for("m-thinker")) == 2
+
+
+def test_a_model_that_does_not_reason_is_asked_again_without_encrypted_reasoning_and_from_then_on(server):
+    refused = http_error(400, "Encrypted content is not supported with this model.", param="include")
+    server.script(
+        "m-plain",
+        [Reply(refused), Reply(text("Hi."), finish("stop")), Reply(text("Hi again."), finish("stop"))],
+    )
+    assert execute(start_run("plain", "hi")).output == "Hi."
+    assert execute(start_run("plain", "hi")).output == "Hi again."
+    asked = [r["responses"].get("include") for r in server.requests_for("m-plain")]
+    assert asked == [["reasoning.encrypted_content"], None, None]
 
 
 def test_a_call_id_the_provider_reuses_across_turns_answers_each_call_once(server):

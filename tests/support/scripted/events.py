@@ -59,6 +59,7 @@ class HttpError:
     type: str
     code: str | None
     headers: tuple[tuple[str, str], ...]
+    param: str | None = None
 
 
 @dataclass(frozen=True)
@@ -139,13 +140,15 @@ def http_error(
     type: str | None = None,
     code: str | None = None,
     headers: dict[str, str] | None = None,
+    param: str | None = None,
 ) -> HttpError:
     """An HTTP error response with body ``{"error": {"message", "type", "code"}}``.
 
     Every error carries ``retry-after: 0`` and ``retry-after-ms: 1``: the installed
     ``openai`` client ignores a zero ``retry-after`` and falls back to its exponential
     backoff (0.5 s, 1 s, ...), whereas ``retry-after-ms: 1`` makes its retries immediate.
-    ``headers`` adds or overrides headers (e.g. ``{"x-should-retry": "false"}``).
+    ``headers`` adds or overrides headers (e.g. ``{"x-should-retry": "false"}``); ``param`` names the
+    request parameter at fault.
     May only be preceded by ``delay`` events and must be last.
     """
     if status < 400:
@@ -157,7 +160,7 @@ def http_error(
         code = "rate_limit_exceeded"
     merged = {"retry-after": "0", "retry-after-ms": "1"}
     merged.update({k.lower(): v for k, v in (headers or {}).items()})
-    return HttpError(status, message, error_type, code, tuple(merged.items()))
+    return HttpError(status, message, error_type, code, tuple(merged.items()), param)
 
 
 def raw(payload: str | dict[str, Any]) -> Raw:

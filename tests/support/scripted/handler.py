@@ -164,12 +164,13 @@ class ScriptedHandler(BaseHTTPRequestHandler):
         error_type: str,
         code: str | None = None,
         extra_headers: Iterable[tuple[str, str]] = (),
+        param: str | None = None,
     ) -> None:
-        payload = {"error": {"message": message, "type": error_type, "code": code, "param": None}}
+        payload = {"error": {"message": message, "type": error_type, "code": code, "param": param}}
         self._send_json(status, payload, extra_headers)
 
     def _send_http_error(self, error: HttpError) -> None:
-        self._send_error(error.status, error.message, error.type, error.code, error.headers)
+        self._send_error(error.status, error.message, error.type, error.code, error.headers, error.param)
 
     def _write_chunk(self, data: bytes) -> None:
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
