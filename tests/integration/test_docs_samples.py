@@ -39,6 +39,7 @@ RUNNERS = [
     ROOT / "tests" / "system" / "test_docs_conversation.py",
     ROOT / "tests" / "integration" / "test_websocket_token.py",
     ROOT / "tests" / "integration" / "test_docs_delegation.py",
+    ROOT / "tests" / "integration" / "test_responses_docs.py",
     ROOT / "tests" / "integration" / "test_tracing.py",
     ROOT / "tests" / "docsamples" / "site.py",
     ROOT / "tests" / "docsamples" / "myapp.py",
