@@ -101,6 +101,7 @@ def waiting_event(waitpoint: WaitPoint) -> dict[str, Any]:
         "approval_id": waitpoint.approval_id,
         "kind": waitpoint.kind,
         "tool_name": waitpoint.tool_name,
+        "tool_call_id": waitpoint.tool_call_id,
         "input": waitpoint.input,
         "question": question(waitpoint),
         "answer_schema": waitpoint.answer_schema,

@@ -19,8 +19,9 @@ beforeEach(() => FakeWebSocket.reset());
 /** A run.waiting as a server of this release sends it. */
 function question(approvalId, text, {client = false, tool = "ask_user", input = {question: text}} = {}) {
   return {
-    type: "run.waiting", approval_id: approvalId, kind: "input", tool_name: tool, input, question: text,
-    answer_schema: {type: "string"}, client, editable: false, expires_at: null,
+    type: "run.waiting", approval_id: approvalId, kind: "input", tool_name: tool,
+    tool_call_id: `call_${approvalId}`, input, question: text, answer_schema: {type: "string"}, client,
+    editable: false, expires_at: null,
   };
 }
 
@@ -77,8 +78,9 @@ test("two run.waiting events open two waits in order; waiting is the first; a re
   assert.deepEqual(ids(state), ["apr_size", "apr_colour"]);
   assert.equal(state.waiting, state.waits[0]);
   assert.deepEqual(state.waiting, {
-    approval_id: "apr_size", kind: "input", tool_name: "ask_user", input: {question: "Which size?"},
-    question: "Which size?", answer_schema: {type: "string"}, client: false, editable: false, expires_at: null,
+    approval_id: "apr_size", kind: "input", tool_name: "ask_user", tool_call_id: "call_apr_size",
+    input: {question: "Which size?"}, question: "Which size?", answer_schema: {type: "string"}, client: false,
+    editable: false, expires_at: null,
   });
   // The same wait point announced again by a later execution: one wait, still in its place.
   state.apply({...TWO_QUESTIONS[4], seq: 7});
@@ -111,12 +113,12 @@ test("the run resuming or ending closes its waits; a decision item keeps the wai
 
 test("a run.waiting of a server before questions is an approval, as before", () => {
   const state = new RunState(SAMPLE[0].run_id);
-  const {kind, question: q, answer_schema, client, editable, ...old} = UNTIL_WAITING.at(-1);
+  const {kind, tool_call_id, question: q, answer_schema, client, editable, ...old} = UNTIL_WAITING.at(-1);
   for (const event of [...UNTIL_WAITING.slice(0, -1), old]) state.apply(event);
   assert.deepEqual(state.waits, [state.waiting]);
   assert.deepEqual(state.waiting, {
-    approval_id: old.approval_id, kind: "approval", tool_name: old.tool_name, input: old.input, question: null,
-    answer_schema: null, client: false, editable: false, expires_at: old.expires_at,
+    approval_id: old.approval_id, kind: "approval", tool_name: old.tool_name, tool_call_id: null, input: old.input,
+    question: null, answer_schema: null, client: false, editable: false, expires_at: old.expires_at,
   });
   assert.equal(state.status, "waiting");
 });

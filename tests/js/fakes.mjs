@@ -200,8 +200,8 @@ export const bySeq = (from, to) => SAMPLE.filter((e) => e.seq >= from && e.seq <
 export const UNTIL_WAITING = SAMPLE.slice(0, SAMPLE.findIndex((e) => e.type === "run.waiting") + 1);
 /** The fields of the sample's waiting object besides those the tests name: an approval's, whether the
     sample's run.waiting carries them (this release) or not (a server before questions). */
-export const APPROVAL_DEFAULTS = (({kind = "approval", question = null, answer_schema = null, client = false, editable = false}) => (
-  {kind, question, answer_schema, client, editable}
+export const APPROVAL_DEFAULTS = (({kind = "approval", tool_call_id = null, question = null, answer_schema = null, client = false, editable = false}) => (
+  {kind, tool_call_id, question, answer_schema, client, editable}
 ))(UNTIL_WAITING.at(-1));
 
 /** Numbers `events` (objects without run_id/seq) as one run's events from `first`. */

@@ -109,7 +109,7 @@ def harness(monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
     script = Script()
     model = ScriptedModel(script)
     h = Harness(InMemoryStore(), script, Recorder())
-    monkeypatch.setattr(model_step, "model", lambda: model)
+    monkeypatch.setattr(model_step, "model", lambda agent: model)
     monkeypatch.setattr(
         engine, "ChannelsBroadcaster", lambda thread=None, scope="", ancestors=(): h.broadcaster
     )
@@ -523,7 +523,7 @@ def test_a_stream_cut_before_its_finish_fails_the_run_and_keeps_its_text(harness
             on_delta("text", "Half an ans")
             return ModelTurn(text="Half an ans", finish_reason=None, usage=Usage(10, 3))
 
-    monkeypatch.setattr(model_step, "model", CutStream)
+    monkeypatch.setattr(model_step, "model", lambda agent: CutStream())
     agent = harness.agent()
     run = harness.store.start_run(agent.name, "x")
 

@@ -53,6 +53,7 @@ PUBLIC = {
     "chamvi_runs.llm_openai": ["OpenAIModel"],
     "chamvi_runs.testing": ["ScriptedModel", "ScriptedTurn"],
     "chamvi_runs.metrics": ["metrics_view"],
+    "chamvi_runs.mcp": ["mcp_tools", "MCPTools", "MCPUnavailable", "MCPToolError", "IDEMPOTENCY_KEY"],
     "chamvi_runs.logs": ["JsonFormatter", "RunContextFilter"],
     "chamvi_runs.admin": ["RunAdmin", "StuckRunAdmin"],
     "chamvi_runs.worker": ["Worker"],

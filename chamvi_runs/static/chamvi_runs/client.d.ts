@@ -120,6 +120,7 @@ export interface RunWaitingEvent {
   approval_id: string;
   kind: "approval" | "input";
   tool_name: string;
+  tool_call_id: string;
   input: Json;
   question: string | null;
   answer_schema: Json;
@@ -325,6 +326,8 @@ export interface Waiting {
   approval_id: string;
   kind: "approval" | "input";
   tool_name: string;
+  /** The model's id of the call (null from a server of an earlier release). */
+  tool_call_id: string | null;
   /** The call's arguments (a question's `{question}`; a client tool's, as the model gave them). */
   input: Json;
   question: string | null;
@@ -635,6 +638,7 @@ interface WaitPointJson {
   run_id: string;
   kind: "approval" | "input";
   tool_name: string;
+  tool_call_id: string;
   /** The arguments the model proposed. */
   input: Json;
   question: string | null;

@@ -256,12 +256,14 @@ export class RunState {
 }
 
 /** The waiting object of a run.waiting event. A server of a release before questions sends only
-    approval_id, tool_name, input and expires_at: its waits are approvals, never edited. */
+    approval_id, tool_name, input and expires_at: its waits are approvals, never edited; one before
+    AG-UI sends no tool_call_id. */
 function waitingOf(event) {
   return {
     approval_id: event.approval_id,
     kind: event.kind ?? "approval",
     tool_name: event.tool_name,
+    tool_call_id: event.tool_call_id ?? null,
     input: event.input,
     question: event.question ?? null,
     answer_schema: event.answer_schema ?? null,

@@ -145,6 +145,7 @@ EVENTS: tuple[Event, ...] = (
             Field("approval_id", "string"),
             Field("kind", '"approval" | "input"', "`approval`, or `input`: a question"),
             Field("tool_name", "string"),
+            Field("tool_call_id", "string", "the model's id of the call; providers may reuse one"),
             Field("input", "Json", "the call's arguments"),
             Field("question", "string | null", "a question's text"),
             Field("answer_schema", "Json", "a question's JSON Schema of the answer; null: any JSON"),
