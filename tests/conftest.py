@@ -155,8 +155,11 @@ def server(model_server: ScriptedServer) -> Iterator[ScriptedServer]:
     model_server.clear()
     yield model_server
     leftovers = model_server.leftovers()
+    chat_calls = sum("responses" not in r for r in model_server.requests)
     model_server.clear()
     assert not leftovers, f"scripted replies were not consumed: {leftovers}"
+    # A worker process, or a test that chose its own model, would run the engine on Chat Completions.
+    assert MODEL_API == "chat" or not chat_calls, f"{chat_calls} model calls went to Chat Completions"
 
 
 @pytest.fixture
