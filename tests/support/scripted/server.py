@@ -11,7 +11,7 @@ from tests.support.scripted.state import ServerState
 
 
 class ScriptedServer:
-    """Threaded scripted Chat Completions server on ``127.0.0.1:<free port>``.
+    """Threaded scripted Chat Completions and Responses API server on ``127.0.0.1:<free port>``.
 
     Use as a context manager (or call ``start()``/``stop()``). ``script()`` may be called
     before or while the server runs.
@@ -77,7 +77,8 @@ class ScriptedServer:
 
     @property
     def requests(self) -> list[dict[str, Any]]:
-        """Parsed JSON bodies of all chat-completion requests, in arrival order (a copy)."""
+        """Parsed JSON bodies of all requests, in arrival order (a copy): a Responses request as the
+        Chat Completions request it stands for, its own body under ``responses``."""
         with self._state.lock:
             return list(self._state.requests)
 
