@@ -161,8 +161,7 @@ class _Output:
         prefix = f"call_{secrets.token_hex(6)}_"
         seen: set[str] = set()
         calls = []
-        # Items come storable: what they hold needs no second pass.
-        for n, (_, call) in enumerate(sorted(self.calls.items())):
+        for n, (_, call) in enumerate(sorted(self.calls.items())):  # each part was made storable
             usable = isinstance(call.id, str) and call.id and call.id not in seen
             call_id = call.id if usable else f"{prefix}{n}"
             seen.add(call_id)
@@ -196,7 +195,7 @@ def request_body(request: ModelRequest) -> dict[str, Any]:
         messages = messages[1:]
     body: dict[str, Any] = {
         "model": request.model,
-        "input": input_items(messages),
+        "input": _input_items(messages),
         "stream": True,
         # Nothing is kept on the provider's side: every call carries the whole history, and the
         # reasoning comes back encrypted so it can go with it.
@@ -213,7 +212,7 @@ def request_body(request: ModelRequest) -> dict[str, Any]:
     return body
 
 
-def input_items(messages: list[Message]) -> list[dict[str, Any]]:
+def _input_items(messages: list[Message]) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     for message in messages:
         role = message.get("role")
