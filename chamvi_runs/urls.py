@@ -1,5 +1,6 @@
 from django.urls import path
 
+from .agui import views as agui_views
 from .web import views_api, views_pages, views_stream
 
 app_name = "chamvi_runs"
@@ -17,6 +18,8 @@ urlpatterns = [
     path("api/approvals/<str:approval_id>/approve/", views_api.approval_approve, name="api-approve"),
     path("api/approvals/<str:approval_id>/deny/", views_api.approval_deny, name="api-deny"),
     path("api/approvals/<str:approval_id>/answer/", views_api.approval_answer, name="api-answer"),
+    # AG-UI front ends (the agui extra): start, follow and decide runs of <agent>.
+    path("agui/<str:agent>/", agui_views.run_agent, name="agui-run"),
     path("approvals/", views_pages.approvals, name="approvals"),
     path("runs/<str:run_id>/", views_pages.run_page, name="run"),
     # A thread is any name, slashes included, as on its websocket (routing.py).

@@ -22,7 +22,9 @@ SERVER = [sys.executable, "-m", "tests.support.mcp_server"]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--calls", type=int, default=200, help="calls on the kept session (default 200)")
     parser.add_argument("--fresh", type=int, default=10, help="calls each on a new connection (default 10)")
     args = parser.parse_args()

@@ -97,9 +97,10 @@ def _raw_body(request: HttpRequest, limit: int) -> bytes:
     return request.read(limit + 1)
 
 
-def _body(request: HttpRequest) -> dict[str, Any]:
-    # The payload cap plus room for the envelope's other fields.
-    limit = conf.MAX_PAYLOAD_BYTES + 16 * 1024
+def _body(request: HttpRequest, limit: int | None = None) -> dict[str, Any]:
+    """The JSON object of the body; ``limit``: its bytes at most (by default the payload cap plus
+    room for the envelope's other fields)."""
+    limit = limit or conf.MAX_PAYLOAD_BYTES + 16 * 1024
     declared = request.headers.get("Content-Length")
     if declared and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, "payload_too_large", f"the request body is larger than {limit} bytes")

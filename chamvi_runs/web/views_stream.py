@@ -170,19 +170,29 @@ class _Follower:
                 logger.warning("SSE: could not leave %s", self.group, exc_info=True)
 
 
-def _frames(events: list[dict[str, Any]], run_id: str) -> list[str]:
+Render = Callable[[dict[str, Any], str], str]
+"""What a stream sends for one event of the run it follows (``run_id``): ``_frame``'s SSE frame
+of our vocabulary, or another protocol's frames (``chamvi_runs.agui``)."""
+
+
+def _frames(events: list[dict[str, Any]], run_id: str, render: Render = _frame) -> list[str]:
     """The frames of ``events``, up to the end of ``run_id``: the stream ends there (a child run's
     end is one more event)."""
     frames = []
     for event in events:
-        frames.append(_frame(event, run_id))
+        frames.append(render(event, run_id))
         if event.get("type") == RUN_END and event.get("run_id") == run_id:
             break
     return frames
 
 
 async def _events(
-    run_id: str, after: int, family: Family, viewer: Any, resume: dict[str, int]
+    run_id: str,
+    after: int,
+    family: Family,
+    viewer: Any,
+    resume: dict[str, int],
+    render: Render = _frame,
 ) -> AsyncIterator[str]:
     # The view's connection, opened in this request's thread, would stay open until the response
     # ends: close it now.
@@ -201,11 +211,11 @@ async def _events(
         for child, child_after in below.items():
             replayed, held = await _briefly(replay_for, child, child_after)
             cursor.know(held)
-            for frame in _frames(cursor.take(replayed), run_id):
+            for frame in _frames(cursor.take(replayed), run_id, render):
                 yield frame
         events, held, settled = await _briefly(_opening, run_id, after)
         cursor.know(held)
-        for frame in _frames(cursor.take(events), run_id):
+        for frame in _frames(cursor.take(events), run_id, render):
             yield frame
         now = loop.time()
         spoke = checked = now
@@ -244,7 +254,7 @@ async def _events(
                     settled_at = now if await _briefly(_settled, run_id) else None
             except Exception:  # Redis or the database hiccuped: try again at the next quiet time
                 logger.warning("SSE: could not read run %s", run_id, exc_info=True)
-            frames = _frames(sent, run_id)
+            frames = _frames(sent, run_id, render)
             for frame in frames:
                 yield frame
             if frames:
@@ -259,7 +269,7 @@ async def _events(
                 except Exception:  # Redis or the database hiccuped: the client reconnects
                     logger.warning("SSE: could not read run %s", run_id, exc_info=True)
                     return
-                for frame in _frames(cursor.take(ended), run_id):
+                for frame in _frames(cursor.take(ended), run_id, render):
                     yield frame
                 return
             elif now >= spoke + KEEPALIVE_SECONDS:

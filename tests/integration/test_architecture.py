@@ -4,7 +4,10 @@ state."""
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,12 +95,28 @@ def test_only_the_mcp_connection_imports_mcp_and_only_the_mcp_package_jsonschema
 
 
 def test_importing_the_mcp_package_leaves_mcp_unimported():
-    import subprocess
-    import sys
-
     code = "import sys, chamvi_runs.mcp; print('mcp' in sys.modules, 'jsonschema' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_only_the_agui_package_imports_ag_ui_and_the_urls_import_it_only_when_a_request_comes():
+    """The ``agui`` extra is optional: the URLs every site includes name the endpoint, whose view
+    imports the protocol's package on its first request (a 501 without it)."""
+    assert sorted(str(p.relative_to(PACKAGE)) for p in _modules() if "ag_ui" in _imports(p)) == [
+        "agui/inputs.py",
+        "agui/translate.py",
+    ]
+    code = "import django; django.setup(); import chamvi_runs.urls, sys; print('ag_ui' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"},
+    )
+    assert out.stdout.split() == ["False"]
 
 
 def test_no_module_imports_itself_back():
