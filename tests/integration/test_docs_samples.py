@@ -41,6 +41,9 @@ RUNNERS = [
     ROOT / "tests" / "integration" / "test_docs_delegation.py",
     ROOT / "tests" / "integration" / "test_responses_docs.py",
     ROOT / "tests" / "integration" / "test_tracing.py",
+    ROOT / "tests" / "integration" / "test_mcp_tools.py",
+    ROOT / "tests" / "integration" / "test_agui.py",
+    ROOT / "tests" / "system" / "test_agui_client.py",
     ROOT / "tests" / "docsamples" / "site.py",
     ROOT / "tests" / "docsamples" / "myapp.py",
     ROOT / "tests" / "system" / "multihost" / "test_multihost.py",
@@ -245,7 +248,11 @@ def test_http_api_doc_lists_every_endpoint_and_error_code() -> None:
         route = re.sub(r"<[\w:]+>", "<>", str(pattern.pattern))
         assert f"`{route}" in routes or f" {route}`" in routes, f"docs/http-api.md does not document {route}"
     package = ROOT / "chamvi_runs"
-    modules = [*(package / "web").glob("*.py"), *(package / "store").glob("*.py")]
+    modules = [
+        *(package / "web").glob("*.py"),
+        *(package / "store").glob("*.py"),
+        *(package / "agui").glob("*.py"),
+    ]
     sources = "".join(path.read_text() for path in modules)
     codes = set(re.findall(r'\b(?:ApiError|AuthError|error)\(\s*\d{3},\s*"(\w+)"', sources))
     codes |= set(re.findall(r'\bcode="(\w+)"', sources))
