@@ -31,6 +31,10 @@ class Unreachable(Exception):
     its outcome is unknown."""
 
 
+class Refused(Exception):
+    """The server answered the request with a JSON-RPC error (an unknown tool, invalid params)."""
+
+
 @dataclass(frozen=True)
 class Target:
     """Where a server is: a command (stdio) or a URL (streamable HTTP)."""
@@ -138,13 +142,15 @@ class Session:
                 raise Unreachable(f"the connection closed: {exc.message}") from None
             if exc.code == mcp.types.REQUEST_TIMEOUT:
                 raise Unreachable(f"no answer within {timeout:g} s") from None
-            raise
+            raise Refused(f"{exc.message} (JSON-RPC error {exc.code})") from None
         except concurrent.futures.TimeoutError:
             self._drop(client)
             raise Unreachable(f"no answer within {timeout:g} s") from None
-        except (OSError, ExceptionGroup) as exc:
+        except Exception as exc:
+            # The transport failed (an HTTP error, a reset connection, a broken pipe): whatever
+            # the session holds is suspect, and the next call connects again.
             self._drop(client)
-            raise Unreachable(str(exc) or type(exc).__name__) from None
+            raise Unreachable(_reason(exc)) from None
 
     def _connected(self) -> Client:
         with self._lock:

@@ -173,13 +173,13 @@ class MCPTools(Toolset):
         }
 
     def list_tools(self) -> list[dict[str, Any]]:
-        from .connection import Unreachable
+        from .connection import Refused, Unreachable
 
         try:
             listing = self.session().list_tools(self.timeout)
         except Unreachable as exc:
             raise ToolsetUnavailable(f"MCP server {self.name!r} is unreachable: {exc}") from None
-        except Exception as exc:
+        except Refused as exc:
             raise ToolsetUnavailable(f"MCP server {self.name!r} could not list its tools: {exc}") from None
         served = {tool["name"] for tool in listing}
         # A misspelt name would let a tool run without its approval, or twice: nothing of the
@@ -220,7 +220,7 @@ class MCPTools(Toolset):
 
     def call(self, remote_name: str, arguments: dict[str, Any], idempotency_key: str | None) -> Any:
         """Run a tool on the server: its output, or MCPUnavailable / MCPToolError."""
-        from .connection import Unreachable
+        from .connection import Refused, Unreachable
         from .results import outcome
 
         meta = {IDEMPOTENCY_KEY: idempotency_key} if idempotency_key else None
@@ -230,6 +230,8 @@ class MCPTools(Toolset):
             raise MCPUnavailable(
                 f"MCP server {self.name!r}: {exc}; whether {remote_name} ran there is unknown"
             ) from None
+        except Refused as exc:
+            raise MCPToolError(f"MCP server {self.name!r} refused {remote_name}: {exc}") from None
         output, error = outcome(result)
         if error:
             raise MCPToolError(error)

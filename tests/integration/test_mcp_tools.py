@@ -132,6 +132,7 @@ def test_a_stdio_servers_tools_are_offered_called_and_their_listing_recorded_wit
         "crm_create_ticket",
         "crm_environment",
         "crm_lookup_order",
+        "crm_refuse",
         "crm_slow",
         "note",
     ]
@@ -144,6 +145,7 @@ def test_a_stdio_servers_tools_are_offered_called_and_their_listing_recorded_wit
         "create_ticket",
         "environment",
         "lookup_order",
+        "refuse",
         "slow",
     ]
     # The result is what the model read next.
@@ -252,19 +254,26 @@ def test_a_slow_server_a_failing_tool_and_a_dying_server_are_call_errors_and_the
         [
             Reply(tool_call("c1", "crm_slow", '{"seconds": 10}'), finish("tool_calls")),
             Reply(tool_call("c2", "crm_broken", "{}"), finish("tool_calls")),
-            Reply(tool_call("c3", "crm_crash", "{}"), finish("tool_calls")),
+            Reply(
+                tool_call("c3", "crm_crash", "{}"), tool_call("c3b", "crm_refuse", "{}"), finish("tool_calls")
+            ),
             Reply(tool_call("c4", "crm_lookup_order", '{"order_id": 1}'), finish("tool_calls")),
             Reply(text("Done."), finish("stop")),
         ],
     )
     run = execute(start_run("mcp_trouble", "try everything"))
     assert run.status == "completed"
-    slow, broken, crash, lookup = _results(run)
+    slow, broken, crash, refused, lookup = _results(run)
     assert (
         slow[2] == "MCPUnavailable: MCP server 'crm': no answer within 1 s; whether slow ran there is unknown"
     )
     assert broken[2].startswith("MCPToolError: Error executing tool broken")
     assert crash[2].startswith("MCPUnavailable: MCP server 'crm': the connection closed")
+    # A server that refuses the call with a JSON-RPC error: the model reads why.
+    assert (
+        refused[2]
+        == "MCPToolError: MCP server 'crm' refused refuse: refused by policy (JSON-RPC error -32602)"
+    )
     assert lookup == ("crm_lookup_order", {"result": "order 1: shipped"}, "")
     # The model read each error as the call's result.
     errors = [

@@ -24,6 +24,7 @@ import sys
 import time
 from typing import Any
 
+from mcp import MCPError
 from mcp.server.mcpserver import Context, MCPServer
 
 IDEMPOTENCY_KEY = "chamvi-runs/idempotency-key"
@@ -114,6 +115,12 @@ def environment(name: str) -> str:
 def broken() -> str:
     """Always fails."""
     raise RuntimeError("the CRM database is down")
+
+
+@server.tool()
+def refuse() -> str:
+    """Answered with a JSON-RPC error rather than a tool error."""
+    raise MCPError(-32602, "refused by policy")
 
 
 @server.tool()
