@@ -19,8 +19,6 @@ from typing import TYPE_CHECKING, Any
 from django.http import HttpRequest, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 
-from .. import api
-from ..errors import AgentNotFound, HistoryUnavailable, InvalidPayload, ThreadForbidden
 from ..models import Run, WaitPoint
 from ..policy import policy
 from ..streaming.buffer.factory import event_log
@@ -29,7 +27,7 @@ from ..web import views_stream
 from ..web.approvals import answer, decide
 from ..web.errors import ApiError
 from ..web.family import Family
-from ..web.views_api import _body, _require_user, api_view
+from ..web.views_api import _body, _require_user, api_view, start_as
 
 if TYPE_CHECKING:
     from .inputs import Resume, Start
@@ -70,26 +68,9 @@ def run_agent(request: HttpRequest, agent: str) -> HttpResponseBase:
 def _start(user: Any, agent: str, wanted: Start) -> Run:
     if not policy().can_start(user, agent):
         raise ApiError(403, "forbidden", f"you may not start {agent}")
-    try:
-        run = api.start_run(
-            agent,
-            wanted.text,
-            source="agui",
-            trigger="agui",
-            thread=wanted.thread,
-            created_by=user,
-            id=wanted.run_id,
-            scope=policy().scope(user),
-        )
-    except AgentNotFound as exc:
-        raise ApiError(404, "agent_not_found", str(exc)) from None
-    except (InvalidPayload, HistoryUnavailable) as exc:
-        raise ApiError.of(exc) from None
-    except ThreadForbidden as exc:
-        raise ApiError(403, "thread_forbidden", str(exc)) from None
-    if not policy().can_view(user, run) or run.agent != agent:
-        raise ApiError(409, "duplicate_id", f"the runId {wanted.run_id!r} is already used by another run")
-    return run
+    return start_as(
+        user, agent, wanted.text, source="agui", trigger="agui", thread=wanted.thread, id=wanted.run_id
+    )
 
 
 def _resume(user: Any, agent: str, wanted: Resume) -> tuple[Run, int, list[dict[str, Any]]]:

@@ -175,22 +175,27 @@ def runs(request: HttpRequest) -> HttpResponse:
     if keys is not None and not isinstance(keys, dict):
         raise ApiError(400, "invalid_field", "'keys' must be an object")
     from_step = _from_step(request, data.get("from_step"))
+    run = start_as(
+        user,
+        agent,
+        data.get("payload"),
+        source="http",
+        trigger="http",
+        keys=keys,
+        thread=_optional_str(data, "thread"),
+        concurrency_key=_optional_str(data, "concurrency_key"),
+        id=_optional_str(data, "id"),
+        from_step=from_step,
+    )
+    return JsonResponse(run_json(run, viewer=user), status=201)
+
+
+def start_as(user: Any, agent: str, payload: Any, **options: Any) -> Run:
+    """``api.start_run`` for a web client, as ``user`` and in the policy's scope for them (keys and
+    trigger ids sent over the web are the caller's own: another user can neither hold this caller's
+    key nor claim a trigger id before their webhook sends it); each refusal as its ApiError."""
     try:
-        run = api.start_run(
-            agent,
-            data.get("payload"),
-            source="http",
-            trigger="http",
-            keys=keys,
-            thread=_optional_str(data, "thread"),
-            concurrency_key=_optional_str(data, "concurrency_key"),
-            created_by=user,
-            id=_optional_str(data, "id"),
-            # Keys and trigger ids sent over HTTP are the caller's own: another user can neither
-            # hold this caller's key nor claim a trigger id before their webhook sends it.
-            scope=policy().scope(user),
-            from_step=from_step,
-        )
+        run = api.start_run(agent, payload, created_by=user, scope=policy().scope(user), **options)
     except AgentNotFound as exc:
         raise ApiError(404, "agent_not_found", str(exc)) from None
     except (InvalidPayload, HistoryUnavailable) as exc:
@@ -201,7 +206,7 @@ def runs(request: HttpRequest) -> HttpResponse:
         # A scope shared by several users (a site's policy), and the trigger id is already used by a
         # run of it this user may not see: do not reveal it.
         raise ApiError(409, "duplicate_id", f"the id is already used by another run of {agent}")
-    return JsonResponse(run_json(run, viewer=user), status=201)
+    return run
 
 
 def _from_step(request: HttpRequest, value: Any) -> tuple[str, int] | None:

@@ -27,6 +27,19 @@ def _calls(log: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
+def _script(server: Any) -> None:
+    """The ticket, asked for twice: the model call of the lost execution is made again (same call,
+    same place, same key), then the answer."""
+    server.script(
+        "m-mcp_desk",
+        [
+            Reply(TICKET, finish("tool_calls")),
+            Reply(TICKET, finish("tool_calls")),
+            Reply(text("T-1."), finish("stop")),
+        ],
+    )
+
+
 def _recover(run_id: str, spawn: Any, env: dict[str, str]) -> Run:
     """The dead worker's lease is moved into the past in SQL, the janitor rings, and a fresh
     worker (without the fault) finishes the run."""
@@ -43,15 +56,7 @@ def test_a_worker_killed_after_the_servers_work_retries_with_the_same_key_and_th
 ):
     log = tmp_path / "mcp.jsonl"
     env = {"CHAMVI_TEST_MCP_LOG": str(log)}
-    # The model call of the lost execution is made again: same call, same place, same key.
-    server.script(
-        "m-mcp_desk",
-        [
-            Reply(TICKET, finish("tool_calls")),
-            Reply(TICKET, finish("tool_calls")),
-            Reply(text("T-1."), finish("stop")),
-        ],
-    )
+    _script(server)
     doomed = spawn(env={**env, "CHAMVI_TEST_MCP_KILL_CALLER": str(tmp_path / "killed")})
     run = start_run("mcp_desk", "my lamp is broken")
     assert doomed.wait(60) == -9
@@ -67,14 +72,7 @@ def test_a_worker_killed_after_the_servers_work_retries_with_the_same_key_and_th
 def test_a_worker_killed_after_the_effect_record_never_calls_the_server_again(server, spawn, tmp_path):
     log = tmp_path / "mcp.jsonl"
     env = {"CHAMVI_TEST_MCP_LOG": str(log)}
-    server.script(
-        "m-mcp_desk",
-        [
-            Reply(TICKET, finish("tool_calls")),
-            Reply(TICKET, finish("tool_calls")),
-            Reply(text("T-1."), finish("stop")),
-        ],
-    )
+    _script(server)
     doomed = spawn(env={**env, "CHAMVI_CRASH_AT": "after_effect_record"})
     run = start_run("mcp_desk", "my lamp is broken")
     assert doomed.wait(60) == -9
