@@ -55,15 +55,24 @@ RESPONSES_TESTS = [
             "test_unstorable_text",
             "test_cancel_races",
             "test_effect_leases",
+            "test_conversation_http",
+            "test_thread_scope",
+            "test_thread_ownership",
+            "test_input_caps",
+            "test_versions",
+            "test_tracing",
+            "test_docs_delegation",
         )
     ),
     # Holds what a Chat Completions turn stores: a Responses turn with reasoning also keeps its items
     # (tests/integration/test_responses_reasoning.py holds those).
     "--deselect",
     "tests/integration/test_engine_basics.py::test_text_answer_completes_with_steps_checkpoint_and_usage",
-    # Its runs execute in a worker process, which calls the model as tests/settings.py says.
+    # Their runs execute in a worker process, which calls the model as tests/settings.py says.
     "--deselect",
     "tests/integration/test_regenerate.py::test_a_regenerate_on_a_thread_socket_on_daphne_streams_the_new_run_after_the_ack",
+    "--deselect",
+    "tests/integration/test_conversation_http.py::test_a_question_and_an_edited_approval_over_a_socket_on_daphne_with_a_worker",
 ]
 
 
