@@ -171,6 +171,7 @@ CHAMVI_RUNS = {
 if not OPENAI_API_KEY:
     # No key: the demo agents talk to an offline scripted model instead of a real endpoint.
     CHAMVI_RUNS["MODEL"] = "project.demo.offline.OfflineDemoModel"
+    CHAMVI_RUNS["RESPONSES_MODEL"] = "project.demo.offline.OfflineDemoModel"
 # Prometheus (the ``metrics`` extra): a worker's own port, where it binds, and a scraper's token for
 # the /metrics view (docs/operations.md, "Metrics").
 if os.environ.get("CHAMVI_METRICS_PORT"):

@@ -68,11 +68,9 @@ RESPONSES_TESTS = [
     # (tests/integration/test_responses_reasoning.py holds those).
     "--deselect",
     "tests/integration/test_engine_basics.py::test_text_answer_completes_with_steps_checkpoint_and_usage",
-    # Their runs execute in a worker process, which calls the model as tests/settings.py says.
-    "--deselect",
-    "tests/integration/test_regenerate.py::test_a_regenerate_on_a_thread_socket_on_daphne_streams_the_new_run_after_the_ack",
-    "--deselect",
-    "tests/integration/test_conversation_http.py::test_a_question_and_an_edited_approval_over_a_socket_on_daphne_with_a_worker",
+    # A worker SIGKILLed mid-stream, and mid-save: the recovering worker sends the history back.
+    "tests/system/test_worker_process.py::test_sigkill_mid_stream_is_recovered_by_the_janitor",
+    "tests/system/faults/test_history_crash.py",
 ]
 
 

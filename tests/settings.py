@@ -27,6 +27,10 @@ CHAMVI_RUNS = {
     "MODEL_BACKOFF_SECONDS": 0.05,
     "QUEUE": "chamvi",
 }
+# make test's Responses lane (tests/lanes.py): every process of it, workers and daphne included,
+# calls the model through the Responses API adapter.
+if os.environ.get("CHAMVI_TEST_MODEL_API") == "responses":
+    CHAMVI_RUNS["MODEL"] = "chamvi_runs.llm_responses.ResponsesModel"
 MEDIA_ROOT = Path(os.environ.get("CHAMVI_TEST_MEDIA", "/tmp/chamvi-test-media"))
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # Redis pub/sub channels ignore the URL's database number: two suites on one server (make test's

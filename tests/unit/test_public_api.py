@@ -51,6 +51,7 @@ PUBLIC = {
     "chamvi_runs.routing": ["websocket_urlpatterns", "websocket_application"],
     "chamvi_runs.asgi": ["get_asgi_application", "start_embedded"],
     "chamvi_runs.llm_openai": ["OpenAIModel"],
+    "chamvi_runs.llm_responses": ["ResponsesModel"],
     "chamvi_runs.testing": ["ScriptedModel", "ScriptedTurn"],
     "chamvi_runs.metrics": ["metrics_view"],
     "chamvi_runs.mcp": ["mcp_tools", "MCPTools", "MCPUnavailable", "MCPToolError", "IDEMPOTENCY_KEY"],
