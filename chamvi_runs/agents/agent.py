@@ -181,7 +181,8 @@ class Agent:
 
     def assemble_tools(self, ctx: RunContext, listed: dict[str, Any] | None = None) -> dict[str, Tool]:
         """The run's tools by name. A toolset's come from the listing the run recorded, or are
-        listed now; ``listed`` gets the listings this call made, for the caller to record."""
+        listed now into ``listed``, for the caller (an execution) to record; without ``listed``
+        (a web request), only the recorded ones."""
         tools = self.tools(ctx) if callable(self.tools) else self.tools
         plain = [t for t in tools if isinstance(t, Tool)]
         if len(plain) == len(tools):

@@ -29,6 +29,10 @@ class Toolset(ABC):
         """What the agent's version depends on (SPEC §14): the configuration, not the listing."""
 
     @abstractmethod
+    def may_provide(self, name: str) -> bool:
+        """Whether a tool named ``name`` may be one of this toolset's (before it is listed)."""
+
+    @abstractmethod
     def list_tools(self) -> list[dict[str, Any]]:
         """The listing (JSON data), as recorded with a run. Raises ToolsetUnavailable."""
 
@@ -43,9 +47,10 @@ def assemble(
     listed: dict[str, Any] | None,
 ) -> dict[str, Tool]:
     """The tools of ``items`` by name: a toolset's from its ``recorded`` listing, or listed now
-    (and put in ``listed``, to be recorded). A toolset that cannot be listed or built gives no
-    tools: the run goes on without them, logged, and lists again next execution. A toolset's tool
-    named like an earlier tool is left out: a name stands for one tool in a run's history."""
+    (and put in ``listed``, to be recorded; with ``listed`` None, nothing is listed: a web request
+    asks only what a run recorded). A toolset that cannot be listed or built gives no tools: the
+    run goes on without them, logged, and lists again next execution. A toolset's tool named like
+    an earlier tool is left out: a name stands for one tool in a run's history."""
     tools: dict[str, Tool] = {}
     toolsets: list[Toolset] = []
     for item in items:
@@ -55,11 +60,13 @@ def assemble(
             tools[item.name] = item
     for toolset in toolsets:
         listing = (recorded or {}).get(toolset.name)
+        if listing is None and listed is None:
+            continue
         try:
             if listing is None:
                 listing = toolset.list_tools()
-                if listed is not None:
-                    listed[toolset.name] = listing
+                assert listed is not None
+                listed[toolset.name] = listing
             built = toolset.build(listing)
         except ToolsetUnavailable as exc:
             if listed is not None:

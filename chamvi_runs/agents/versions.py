@@ -83,10 +83,16 @@ def derived(agent: Any) -> str:
 def missing_tools(agent: Any, called: frozenset[str]) -> list[str]:
     """The tools of ``called`` that ``agent`` (an ``Agent``) no longer has; none for an agent whose
     tools a callable builds per run (they are known only then: a removed one is a tool error)."""
-    if callable(agent.tools) or any(isinstance(t, Toolset) for t in agent.tools):
-        # A toolset's tools are known once listed: a tool its server dropped is a tool error.
+    if callable(agent.tools):
         return []
-    return sorted(called - {t.name for t in agent.tools})
+    toolsets = [t for t in agent.tools if isinstance(t, Toolset)]
+    # A toolset's tools are known once listed: a name one of them may list is not called missing
+    # (a tool its server dropped is a tool error); any other is.
+    return sorted(
+        name
+        for name in called - {t.name for t in agent.tools if isinstance(t, Tool)}
+        if not any(toolset.may_provide(name) for toolset in toolsets)
+    )
 
 
 def move(agent: Any, change: VersionChange) -> Move:

@@ -52,15 +52,25 @@ def sse(event: BaseEvent) -> str:
 class Translator:
     """Renders one of our runs' events (``views_stream.Render``) for one AG-UI run."""
 
-    def __init__(self, thread_id: str, agui_run_id: str, decided: list[dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        thread_id: str,
+        agui_run_id: str,
+        decided: list[dict[str, Any]] | None = None,
+        pause: list[dict[str, Any]] | None = None,
+    ) -> None:
         self.thread_id = thread_id
         self.agui_run_id = agui_run_id
         self.resumed = decided or []
         """The wait points this AG-UI run's resume decided (``streaming.serializers.decision_json``
         each, with its ``tool_call_id``)."""
         self.decided = frozenset(d["approval_id"] for d in self.resumed)
-        # The client saw these calls with their interrupts: when they run now, only their results.
-        self.announced = {d["tool_call_id"] for d in self.resumed if d["decision"] == "approved"}
+        # The client saw the pause's calls with their interrupts, and the results of the answered
+        # ones (``started``, this resume's or an earlier one's): when the run goes on, an approved
+        # call shows only its result, and an answered question nothing.
+        paused = pause if pause is not None else self.resumed
+        self.announced = {d["tool_call_id"] for d in paused if d["decision"] in ("approved", "answered")}
+        self.answered = {d["tool_call_id"] for d in paused if d["decision"] == "answered"}
         self.text: str | None = None
         self.reasoning: str | None = None
         self.last_message: str | None = None
@@ -87,11 +97,14 @@ class Translator:
         return "".join(sse(e) for e in out)
 
     def render(self, event: dict[str, Any], run_id: str) -> str:
-        if event.get("run_id") != run_id or self.finished:
+        if self.finished:
             return ""
         kind = event.get("type")
         if kind == "run.waiting":
+            # A child run's too: its approval stops its parent, and the AG-UI run ends with it.
             return "" if event.get("approval_id") in self.decided else WAITING
+        if event.get("run_id") != run_id:
+            return ""  # a child run's call and result are its parent's, already shown
         handler = _HANDLERS.get(kind or "")
         return "".join(sse(e) for e in handler(self, event, run_id)) if handler else ""
 
@@ -156,9 +169,12 @@ class Translator:
         return self.call(call, event["name"], event.get("input"))
 
     def _tool_result(self, event: dict[str, Any], run_id: str) -> list[BaseEvent]:
+        call = _call_id(event, run_id)
+        if call in self.answered:
+            self.answered.discard(call)
+            return []
         output = event.get("output")
         content = f"Error: {event['error']}" if event.get("error") else _text(output)
-        call = _call_id(event, run_id)
         return [
             ToolCallResultEvent(message_id=f"{call}-result", tool_call_id=call, content=content, role="tool")
         ]
@@ -184,7 +200,12 @@ class Translator:
                     tool_call_id=call,
                     response_schema=(wait.get("answer_schema") or None) if question else APPROVAL_SCHEMA,
                     expires_at=wait.get("expires_at"),
-                    metadata={"tool_name": wait["tool_name"], "editable": bool(wait.get("editable"))},
+                    metadata={
+                        "tool_name": wait["tool_name"],
+                        "editable": bool(wait.get("editable")),
+                        # Not this AG-UI run's run when a run it delegated to asks.
+                        "run_id": wait.get("run_id"),
+                    },
                 )
             )
         out.append(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -67,7 +66,14 @@ class MCPTool(Tool):
 
     def validate(self, arguments: str) -> dict[str, Any]:
         raw = _object(arguments)
-        error = max(self._validator.iter_errors(raw), key=_depth, default=None)
+        try:
+            error = max(self._validator.iter_errors(raw), key=_depth, default=None)
+        except Exception as exc:
+            # A schema that passed the meta-schema may still fail on a value (a "pattern" that
+            # is no regular expression here, a $ref to nowhere): the call cannot be checked.
+            raise ToolArgumentsError(
+                f"{self.name}: its schema cannot check these arguments ({exc})"
+            ) from None
         if error is not None:
             where = ".".join(str(p) for p in error.absolute_path) or "(root)"
             raise ToolArgumentsError(f"invalid arguments for {self.name}: {where}: {error.message}")
@@ -154,8 +160,6 @@ class MCPTools(Toolset):
                 raise ImproperlyConfigured(f"{where}: approvals[{tool_name!r}] {exc}") from None
         self.timeout = float(timeout)
         self.connect_timeout = float(connect_timeout)
-        self._session: Session | None = None
-        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"<mcp_tools {self.name}>"
@@ -172,11 +176,14 @@ class MCPTools(Toolset):
             "approvals": sorted(self.approvals),
         }
 
+    def may_provide(self, name: str) -> bool:
+        return name.startswith(self.prefix) and (self.only is None or name[len(self.prefix) :] in self.only)
+
     def list_tools(self) -> list[dict[str, Any]]:
         from .connection import Refused, Unreachable
 
         try:
-            listing = self.session().list_tools(self.timeout)
+            listing = self.session().list_tools()
         except Unreachable as exc:
             raise ToolsetUnavailable(f"MCP server {self.name!r} is unreachable: {exc}") from None
         except Refused as exc:
@@ -194,13 +201,19 @@ class MCPTools(Toolset):
         return [tool for tool in listing if self.only is None or tool["name"] in self.only]
 
     def build(self, listing: list[dict[str, Any]]) -> list[Tool]:
+        import jsonschema
+
         tools: list[Tool] = []
         for described in listing:
             remote = described["name"]
+            schema = described.get("input_schema") or {"type": "object"}
             try:
                 name = check_tool_name(self.prefix + remote)
-            except ValueError as exc:
-                logger.warning("mcp_tools(%r): tool left out: %s", self.name, exc)
+                # A schema no validator can use would fail every call, and a provider refuses
+                # every request that describes it: the tool is left out, not the run failed.
+                jsonschema.validators.validator_for(schema).check_schema(schema)
+            except (ValueError, jsonschema.SchemaError) as exc:
+                logger.warning("mcp_tools(%r): tool %s left out: %s", self.name, remote, exc)
                 continue
             tools.append(
                 MCPTool(
@@ -212,7 +225,7 @@ class MCPTools(Toolset):
                     effect=self.all_effects or remote in self.effects,
                     approval=self.approvals.get(remote),
                     remote_name=remote,
-                    input_schema=described.get("input_schema") or {"type": "object"},
+                    input_schema=schema,
                     toolset=self,
                 )
             )
@@ -225,7 +238,7 @@ class MCPTools(Toolset):
 
         meta = {IDEMPOTENCY_KEY: idempotency_key} if idempotency_key else None
         try:
-            result = self.session().call_tool(remote_name, arguments, meta, self.timeout)
+            result = self.session().call_tool(remote_name, arguments, meta)
         except Unreachable as exc:
             raise MCPUnavailable(
                 f"MCP server {self.name!r}: {exc}; whether {remote_name} ran there is unknown"
@@ -238,27 +251,22 @@ class MCPTools(Toolset):
         return output
 
     def close(self) -> None:
-        """End this process's session with the server (a stdio server's process exits); the next
-        listing or call connects again, to the server as it is then."""
-        with self._lock:
-            session, self._session = self._session, None
-        if session is not None:
-            session.close()
+        """End this process's session with the server (a stdio server's process exits), for every
+        toolset of the process that names the same server; the next listing or call connects again,
+        to the server as it is then."""
+        self.session().close()
 
     def session(self) -> Session:
-        with self._lock:
-            if self._session is None:
-                from .connection import Session, Target
+        from .connection import Target, session_for
 
-                target = Target(
-                    command=self.command,
-                    env=tuple(self.env.items()),
-                    cwd=self.cwd,
-                    url=self.url,
-                    headers=tuple(self.headers.items()),
-                )
-                self._session = Session(target, self.connect_timeout)
-            return self._session
+        target = Target(
+            command=self.command,
+            env=tuple(self.env.items()),
+            cwd=self.cwd,
+            url=self.url,
+            headers=tuple(self.headers.items()),
+        )
+        return session_for(target, self.timeout, self.connect_timeout)
 
 
 def _names(where: str, label: str, names: Iterable[str]) -> list[str]:

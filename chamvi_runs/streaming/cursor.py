@@ -52,7 +52,9 @@ class Cursor:
     """What a stream has sent of the runs it follows (run id -> seq, from ``after``), and when it
     reads the buffer next. ``now`` is the stream's clock (the event loop's time)."""
 
-    def __init__(self, after: Mapping[str, int], now: float) -> None:
+    def __init__(self, after: Mapping[str, int], now: float, own: str | None = None) -> None:
+        self.own = own
+        """The stream's own run, read last: its run.end ends the stream, after its children's events."""
         self.last: dict[str, int] = dict(after)
         self.sent: dict[str, dict[str, Any]] = {}  # run id -> the event sent at its last seq
         self.active: set[str] = set(after)  # runs whose run.end the stream has not sent
@@ -135,9 +137,11 @@ class Cursor:
 
     def quiet_reads(self) -> list[Reread]:
         """The reads of a quiet stream: the tail of every active run, after what was sent of it."""
-        return [
-            Reread(run_id, self.last.get(run_id, 0), self.sent.get(run_id)) for run_id in sorted(self.active)
-        ]
+        # The children in the order the stream learnt of them (children before theirs), its own
+        # run last: a parent that ended while the stream was stalled ends it after their events.
+        order = [r for r in self.last if r in self.active and r != self.own]
+        order += [r for r in self.active if r not in self.last or r == self.own]
+        return [Reread(run_id, self.last.get(run_id, 0), self.sent.get(run_id)) for run_id in order]
 
     def read_quietly(self, now: float, found: int) -> None:
         """After the quiet reads at ``now``, which found ``found`` events to send: read again soon

@@ -105,7 +105,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         after = await self._after()
         if after is None:
             return
-        await self._open([run_group(self.run_id)], after)
+        await self._open([run_group(self.run_id)], after, own=self.run_id)
 
     async def _accepted(self) -> bool:
         """Accept the handshake; a token the handshake refused is closed at once with 4401."""
@@ -147,7 +147,10 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         after, resume = seqs
         self.family = Family(self.run_id)
         below = await database_sync_to_async(self.family.look)(self.viewer)
-        return {self.run_id: after, **{run_id: resume.get(run_id, 0) for run_id in below}}
+        # The children first, as the event stream's (views_stream.py): ``_open`` replays in this
+        # order, and a parent that went on while the socket opened may have ended by its replay's
+        # read; its run.end must come after its children's events, not before them.
+        return {**{run_id: resume.get(run_id, 0) for run_id in below}, self.run_id: after}
 
     async def _query(self, read: Callable[[dict[str, list[str]]], T]) -> T | None:
         try:
@@ -157,16 +160,26 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=BAD_REQUEST)
             return None
 
-    async def _open(self, groups: list[str], after: dict[str, int]) -> None:
-        """Join ``groups``, replay the runs of ``after`` (run id -> seq), then watch for lost events."""
+    async def _open(self, groups: list[str], after: dict[str, int], own: str | None = None) -> None:
+        """Join ``groups``, replay the runs of ``after`` (run id -> seq), then watch for lost events.
+        ``own``: the socket's run, whose children come before it (a thread's socket has none)."""
         loop = asyncio.get_running_loop()
         # Nothing at or before ``after`` is sent, live or replayed, but a restart.
-        self.cursor = Cursor(after, loop.time())
+        self.cursor = Cursor(after, loop.time(), own=own)
         self.lock = asyncio.Lock()
         # Join first, then replay: an event published in between arrives twice and is skipped by seq.
         for group in groups:
             await self.channel_layer.group_add(group, self.channel_name)
         self.groups = list(groups)
+        family: Family | None = getattr(self, "family", None)
+        if family is not None:
+            # Looked at again once joined: a child run started in between (its events, maybe its
+            # approval, published before the join) is replayed too, not missed for good.
+            known = set(after)
+            started = [r for r in await database_sync_to_async(family.look)(self.viewer) if r not in known]
+            after = {**dict.fromkeys(started, 0), **after}
+            for run_id in started:
+                self.cursor.follow(run_id)
         self.allowed = True
         settled = await _in_thread(end_lost)(list(after))
         for run_id in after:

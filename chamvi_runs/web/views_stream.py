@@ -203,10 +203,13 @@ async def _events(
     try:
         # Join first, then replay: an event published in between arrives twice and is skipped by seq.
         await follower.join()
+        # Looked at again once joined: a child run started in between (its events, maybe its
+        # approval, published before the join) is replayed too, not missed for good.
+        await _briefly(family.look, viewer)
         loop = asyncio.get_running_loop()
         # What is sent, and what to read from the buffer (the websocket's rules: streaming/cursor.py).
         below = {child: resume.get(child, 0) for child, visible in family.below.items() if visible}
-        cursor = Cursor({run_id: after, **below}, loop.time())
+        cursor = Cursor({**below, run_id: after}, loop.time(), own=run_id)
         # The children first (after their seq in ``resume``): the stream ends with its own run.end.
         for child, child_after in below.items():
             replayed, held = await _briefly(replay_for, child, child_after)

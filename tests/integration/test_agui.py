@@ -309,3 +309,145 @@ def test_without_the_agui_extra_the_endpoint_says_what_to_install(alice, monkeyp
     response = alice.post("/chamvi/agui/basic/", _request("t", "r"))
     assert response.status_code == 501 and "agui extra" in response.json()["error"]["message"]
     assert not Run.objects.exists()
+
+
+def _two_questions(server: Any, alice: Api, thread: str) -> tuple[Run, list[dict[str, Any]]]:
+    server.script(
+        "m-asking",
+        [
+            Reply(
+                tool_call("q1", "confirm", '{"question": "Ship today?"}'),
+                tool_call("q2", "ask_user", '{"question": "Which box?"}'),
+                finish("tool_calls"),
+            )
+        ],
+    )
+    response, run = _start(alice, "asking", _request(thread, f"{thread}-a"))
+    return run, _events(response)[-1]["outcome"]["interrupts"]
+
+
+def test_a_resume_decides_all_its_interrupts_or_none(server, alice):
+    run, (first, second) = _two_questions(server, alice, "t-all")
+    refused = alice.post(
+        "/chamvi/agui/asking/",
+        _request(
+            "t-all",
+            "t-all-b",
+            None,
+            resume=[
+                {"interruptId": first["id"], "status": "resolved", "payload": True},
+                {"interruptId": second["id"], "status": "cancelled"},
+            ],
+        ),
+    )
+    assert refused.status_code == 400 and "is a question" in refused.json()["error"]["message"]
+    twice = alice.post(
+        "/chamvi/agui/asking/",
+        _request(
+            "t-all",
+            "t-all-c",
+            None,
+            resume=[
+                {"interruptId": first["id"], "status": "resolved", "payload": True},
+                {"interruptId": first["id"], "status": "resolved", "payload": False},
+            ],
+        ),
+    )
+    assert twice.status_code == 400 and "twice" in twice.json()["error"]["message"]
+    # A refusal of the store (the second answer does not fit) rolls back the first answer too.
+    unfit = alice.post(
+        "/chamvi/agui/asking/",
+        _request(
+            "t-all",
+            "t-all-d",
+            None,
+            resume=[
+                {"interruptId": first["id"], "status": "resolved", "payload": True},
+                {"interruptId": second["id"], "status": "resolved", "payload": {"not": "a string"}},
+            ],
+        ),
+    )
+    assert unfit.status_code == 400 and unfit.json()["error"]["code"] == "invalid_answer"
+    assert list(WaitPoint.objects.filter(run=run).values_list("decision", flat=True)) == [None, None]
+    nul = alice.post(
+        "/chamvi/agui/asking/",
+        _request("t-all", "t-all-e", None, resume=[{"interruptId": "apr_\u0000", "status": "resolved"}]),
+    )
+    assert nul.status_code == 404
+
+
+def test_answering_one_of_two_questions_ends_the_agui_run_at_once_with_the_other(server, alice):
+    run, (first, second) = _two_questions(server, alice, "t-half")
+    response = alice.post(
+        "/chamvi/agui/asking/",
+        _request(
+            "t-half",
+            "t-half-b",
+            None,
+            resume=[{"interruptId": first["id"], "status": "resolved", "payload": True}],
+        ),
+    )
+    events = _events(response)
+    assert _types(events) == [
+        "RUN_STARTED",
+        "TOOL_CALL_RESULT",
+        "TOOL_CALL_START",
+        "TOOL_CALL_ARGS",
+        "TOOL_CALL_END",
+        "RUN_FINISHED",
+    ]
+    assert [i["id"] for i in events[-1]["outcome"]["interrupts"]] == [second["id"]]
+    server.script("m-asking", [Reply(text("Shipping today, small box."), finish("stop"))])
+    response = alice.post(
+        "/chamvi/agui/asking/",
+        _request(
+            "t-half",
+            "t-half-c",
+            None,
+            resume=[{"interruptId": second["id"], "status": "resolved", "payload": "small"}],
+        ),
+    )
+    assert execute(run).status == "completed"
+    # Each answered call's result once, at the start: the run going on repeats neither call.
+    assert _types(_events(response)) == [
+        "RUN_STARTED",
+        "TOOL_CALL_RESULT",
+        "TEXT_MESSAGE_START",
+        "TEXT_MESSAGE_CONTENT",
+        "TEXT_MESSAGE_END",
+        "RUN_FINISHED",
+    ]
+
+
+def test_an_approval_a_delegated_run_asks_for_is_the_parents_interrupt(server):
+    alice = session_api(make_user("alice-d", "add_run", "approve_waitpoint"))
+    server.script(
+        "m-triage", [Reply(tool_call("c1", "billing", '{"task": "refund o-1"}'), finish("tool_calls"))]
+    )
+    server.script("m-billing", [Reply(tool_call("r1", "refund", REFUND), finish("tool_calls"))])
+    response, parent = _start(alice, "triage", _request("t-child", "t-child-a"))
+    child = execute(Run.objects.get(parent=parent))
+    assert child.status == "waiting"
+    (interrupt,) = _events(response)[-1]["outcome"]["interrupts"]
+    wait = WaitPoint.objects.get(run=child)
+    assert (interrupt["id"], interrupt["toolCallId"], interrupt["metadata"]["run_id"]) == (
+        wait.approval_id,
+        "r1",
+        child.pk,
+    )
+    server.script("m-billing", [Reply(text("Refunded."), finish("stop"))])
+    server.script("m-triage", [Reply(text("Billing refunded it."), finish("stop"))])
+    response = alice.post(
+        "/chamvi/agui/triage/",
+        _request(
+            "t-child",
+            "t-child-b",
+            None,
+            resume=[{"interruptId": wait.approval_id, "status": "resolved", "payload": True}],
+        ),
+    )
+    assert response.status_code == 200, response.content
+    assert execute(child).status == "completed" and execute(parent).status == "completed"
+    events = _events(response)
+    assert events[-1]["result"] == "Billing refunded it."
+    assert [e["toolCallId"] for e in events if e["type"] == "TOOL_CALL_RESULT"][-1] == "c1"

@@ -84,7 +84,8 @@ def test_the_parents_socket_shows_its_childs_approval_and_decides_it(server):
             websocket_application(), f"/ws/chamvi/runs/{parent.pk}/", headers=headers
         )
         assert (await comm.connect())[0]
-        # The replay: the parent's events, then its child's, up to the child's open approval.
+        # The replay: the child's events, up to its open approval, then the parent's (which come with
+        # the ack): a parent's socket replays its children first, so that its run.end comes last.
         seen = await _until(comm, lambda e: e["type"] == "run.waiting")
         await comm.send_json_to({"type": "approve", "approval_id": wait.approval_id})
         seen += await _until(comm, lambda e: e["type"] == "ack")

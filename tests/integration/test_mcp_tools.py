@@ -371,3 +371,22 @@ def test_a_stdio_server_gets_its_own_environment_never_the_workers(server, site,
     )
     run = execute(start_run("mcp_env", "hello"))
     assert [output for _name, output, _error in _results(run)] == [{"result": ""}, {"result": "eu"}]
+
+
+def test_an_approval_edited_in_a_web_request_never_lists_a_server_the_run_did_not(server, site, monkeypatch):
+    from chamvi_runs.mcp import MCPTools
+
+    down = site.kept(
+        mcp_tools("crm", url=f"http://127.0.0.1:{_free_port()}/mcp", prefix="crm_", connect_timeout=2)
+    )
+    site.agent("mcp_web", down, approvals={"note": True})
+    server.script("m-mcp_web", [Reply(tool_call("c1", "note", '{"text": "a"}'), finish("tool_calls"))])
+    run = execute(start_run("mcp_web", "hello"))
+    assert run.status == "waiting" and run.listed_tools is None
+
+    def no_listing(self):
+        raise AssertionError("a web request listed an MCP server")
+
+    monkeypatch.setattr(MCPTools, "list_tools", no_listing)
+    approve(WaitPoint.objects.get(run=run).approval_id, arguments={"text": "b"})
+    assert WaitPoint.objects.get(run=run).approved_input == {"text": "b"}

@@ -105,3 +105,11 @@ def test_runs_settled_long_ago_are_no_longer_read_and_new_runs_are():
     assert c.quiet_reads() == []
     c.follow("r2")
     assert c.quiet_reads() == [Reread("r2", 0, None)]
+
+
+def test_a_quiet_stream_reads_its_children_first_and_its_own_run_last():
+    """A parent that ended while the stream was stalled: its run.end goes out after its children's
+    events, as it does live."""
+    c = Cursor({"z-child": 0, "a-parent": 3}, now=0.0, own="a-parent")
+    c.follow("m-grandchild")
+    assert [r.run_id for r in c.quiet_reads()] == ["z-child", "m-grandchild", "a-parent"]
