@@ -50,6 +50,20 @@ def _types(events: list[dict[str, Any]]) -> list[str]:
     return types
 
 
+def _resume(api: Api, agent: str, thread: str, run_id: str, *entries: tuple[str, Any]) -> Any:
+    """Resume interrupts: each entry is (interrupt id, payload), or (interrupt id, CANCELLED)."""
+    resume = [
+        {"interruptId": i, "status": "cancelled"}
+        if p is CANCELLED
+        else {"interruptId": i, "status": "resolved", "payload": p}
+        for i, p in entries
+    ]
+    return api.post(f"/chamvi/agui/{agent}/", _request(thread, run_id, None, resume=resume))
+
+
+CANCELLED = object()
+
+
 def _start(api: Api, agent: str, request: dict[str, Any]) -> tuple[Any, Run]:
     response = api.post(f"/chamvi/agui/{agent}/", request)
     assert response.status_code == 200, response.content
@@ -178,26 +192,10 @@ def test_a_question_is_an_interrupt_with_its_answer_schema_and_the_resume_payloa
         "Ship today?",
         {"type": "boolean"},
     )
-    refused = alice.post(
-        "/chamvi/agui/asking/",
-        _request(
-            "t-3",
-            "agui-3b",
-            None,
-            resume=[{"interruptId": interrupt["id"], "status": "resolved", "payload": [1, 2]}],
-        ),
-    )
+    refused = _resume(alice, "asking", "t-3", "agui-3b", (interrupt["id"], [1, 2]))
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_answer"
     server.script("m-asking", [Reply(text("Shipping today."), finish("stop"))])
-    response = alice.post(
-        "/chamvi/agui/asking/",
-        _request(
-            "t-3",
-            "agui-3c",
-            None,
-            resume=[{"interruptId": interrupt["id"], "status": "resolved", "payload": True}],
-        ),
-    )
+    response = _resume(alice, "asking", "t-3", "agui-3c", (interrupt["id"], True))
     assert execute(run).status == "completed"
     events = _events(response)
     assert (events[1]["type"], events[1]["toolCallId"], events[1]["content"]) == (
@@ -214,10 +212,7 @@ def test_a_cancelled_interrupt_denies_the_call_and_a_failed_run_ends_with_run_er
     _response, run = _start(alice, "approving", _request("t-4", "agui-4a"))
     wait = WaitPoint.objects.get(run=run)
     server.script("m-approving", [Reply(text("partial"))])  # cut: no finish reason
-    response = alice.post(
-        "/chamvi/agui/approving/",
-        _request("t-4", "agui-4b", None, resume=[{"interruptId": wait.approval_id, "status": "cancelled"}]),
-    )
+    response = _resume(alice, "approving", "t-4", "agui-4b", (wait.approval_id, CANCELLED))
     run = execute(run)
     assert run.status == "failed" and WaitPoint.objects.get(run=run).decision == "denied"
     events = _events(response)
@@ -279,12 +274,7 @@ def test_the_same_rules_as_the_json_api_who_may_start_and_whose_thread(server, a
     # A thread name is per user (the policy's scope): bob's is another thread than alice's.
     assert taken.status_code == 200
     assert Run.objects.get(trigger_id="agui-7b").created_by.username == "bob"
-    wait_free = alice.post(
-        "/chamvi/agui/approving/",
-        _request(
-            "t-x", "agui-7c", None, resume=[{"interruptId": "apr_x", "status": "resolved", "payload": True}]
-        ),
-    )
+    wait_free = _resume(alice, "approving", "t-x", "agui-7c", ("apr_x", True))
     assert wait_free.status_code == 404
 
 
@@ -328,65 +318,23 @@ def _two_questions(server: Any, alice: Api, thread: str) -> tuple[Run, list[dict
 
 def test_a_resume_decides_all_its_interrupts_or_none(server, alice):
     run, (first, second) = _two_questions(server, alice, "t-all")
-    refused = alice.post(
-        "/chamvi/agui/asking/",
-        _request(
-            "t-all",
-            "t-all-b",
-            None,
-            resume=[
-                {"interruptId": first["id"], "status": "resolved", "payload": True},
-                {"interruptId": second["id"], "status": "cancelled"},
-            ],
-        ),
-    )
+    refused = _resume(alice, "asking", "t-all", "t-all-b", (first["id"], True), (second["id"], CANCELLED))
     assert refused.status_code == 400 and "is a question" in refused.json()["error"]["message"]
-    twice = alice.post(
-        "/chamvi/agui/asking/",
-        _request(
-            "t-all",
-            "t-all-c",
-            None,
-            resume=[
-                {"interruptId": first["id"], "status": "resolved", "payload": True},
-                {"interruptId": first["id"], "status": "resolved", "payload": False},
-            ],
-        ),
-    )
+    twice = _resume(alice, "asking", "t-all", "t-all-c", (first["id"], True), (first["id"], False))
     assert twice.status_code == 400 and "twice" in twice.json()["error"]["message"]
     # A refusal of the store (the second answer does not fit) rolls back the first answer too.
-    unfit = alice.post(
-        "/chamvi/agui/asking/",
-        _request(
-            "t-all",
-            "t-all-d",
-            None,
-            resume=[
-                {"interruptId": first["id"], "status": "resolved", "payload": True},
-                {"interruptId": second["id"], "status": "resolved", "payload": {"not": "a string"}},
-            ],
-        ),
+    unfit = _resume(
+        alice, "asking", "t-all", "t-all-d", (first["id"], True), (second["id"], {"not": "a string"})
     )
     assert unfit.status_code == 400 and unfit.json()["error"]["code"] == "invalid_answer"
     assert list(WaitPoint.objects.filter(run=run).values_list("decision", flat=True)) == [None, None]
-    nul = alice.post(
-        "/chamvi/agui/asking/",
-        _request("t-all", "t-all-e", None, resume=[{"interruptId": "apr_\u0000", "status": "resolved"}]),
-    )
+    nul = _resume(alice, "asking", "t-all", "t-all-e", ("apr_\u0000", True))
     assert nul.status_code == 404
 
 
 def test_answering_one_of_two_questions_ends_the_agui_run_at_once_with_the_other(server, alice):
     run, (first, second) = _two_questions(server, alice, "t-half")
-    response = alice.post(
-        "/chamvi/agui/asking/",
-        _request(
-            "t-half",
-            "t-half-b",
-            None,
-            resume=[{"interruptId": first["id"], "status": "resolved", "payload": True}],
-        ),
-    )
+    response = _resume(alice, "asking", "t-half", "t-half-b", (first["id"], True))
     events = _events(response)
     assert _types(events) == [
         "RUN_STARTED",
@@ -398,15 +346,7 @@ def test_answering_one_of_two_questions_ends_the_agui_run_at_once_with_the_other
     ]
     assert [i["id"] for i in events[-1]["outcome"]["interrupts"]] == [second["id"]]
     server.script("m-asking", [Reply(text("Shipping today, small box."), finish("stop"))])
-    response = alice.post(
-        "/chamvi/agui/asking/",
-        _request(
-            "t-half",
-            "t-half-c",
-            None,
-            resume=[{"interruptId": second["id"], "status": "resolved", "payload": "small"}],
-        ),
-    )
+    response = _resume(alice, "asking", "t-half", "t-half-c", (second["id"], "small"))
     assert execute(run).status == "completed"
     # Each answered call's result once, at the start: the run going on repeats neither call.
     assert _types(_events(response)) == [
@@ -437,15 +377,7 @@ def test_an_approval_a_delegated_run_asks_for_is_the_parents_interrupt(server):
     )
     server.script("m-billing", [Reply(text("Refunded."), finish("stop"))])
     server.script("m-triage", [Reply(text("Billing refunded it."), finish("stop"))])
-    response = alice.post(
-        "/chamvi/agui/triage/",
-        _request(
-            "t-child",
-            "t-child-b",
-            None,
-            resume=[{"interruptId": wait.approval_id, "status": "resolved", "payload": True}],
-        ),
-    )
+    response = _resume(alice, "triage", "t-child", "t-child-b", (wait.approval_id, True))
     assert response.status_code == 200, response.content
     assert execute(child).status == "completed" and execute(parent).status == "completed"
     events = _events(response)
