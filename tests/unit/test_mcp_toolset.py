@@ -115,3 +115,38 @@ def test_the_agents_approvals_cannot_name_a_servers_tool():
     with pytest.raises(ImproperlyConfigured, match=r"go in its mcp_tools\(approvals=...\)"):
         Agent("mcp_misplaced", model="m", tools=[_crm()], approvals={"crm_create": True})
     assert "mcp_misplaced" not in registry.names()
+
+
+def test_a_server_behind_headers_reads_as_long_as_a_call_may_take():
+    from chamvi_runs.mcp.connection import HTTP_READ_SECONDS, Target
+
+    target = Target(url="https://crm/mcp", headers=(("Authorization", "Bearer t"),))
+    _client, http = target.client(timeout=900)
+    assert http is not None and http.timeout.read == 900 and http.timeout.connect == 30
+    _client, http = target.client(timeout=20)
+    assert http is not None and http.timeout.read == HTTP_READ_SECONDS
+    assert Target(url="https://crm/mcp").client(timeout=20)[1] is None  # the mcp package's own
+
+
+def test_only_a_broken_transport_drops_the_session_every_thread_shares(monkeypatch):
+    import httpx2
+
+    from chamvi_runs.mcp.connection import Refused, Session, Target, Unreachable
+
+    session = Session(Target(command=("crm-server",)), timeout=1, connect_timeout=1)
+    dropped: list[object] = []
+    monkeypatch.setattr(session, "_connected", lambda: "the client")
+    monkeypatch.setattr(session, "_drop", dropped.append)
+
+    async def breaks_the_protocol(client: object) -> None:
+        raise RuntimeError("the result does not match the tool's output schema")
+
+    async def loses_the_connection(client: object) -> None:
+        raise ExceptionGroup("transport", [httpx2.ReadError("connection reset")])
+
+    with pytest.raises(Refused, match="output schema"):
+        session._on_session(breaks_the_protocol)
+    assert dropped == []
+    with pytest.raises(Unreachable, match="connection reset"):
+        session._on_session(loses_the_connection)
+    assert dropped == ["the client"]
