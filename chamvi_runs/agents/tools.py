@@ -118,12 +118,7 @@ class Tool:
 
     def validate(self, arguments: str) -> dict[str, Any]:
         """Parse and validate the model's JSON arguments; ToolArgumentsError says what is wrong."""
-        try:
-            raw = json.loads(arguments or "{}")
-        except json.JSONDecodeError as exc:
-            raise ToolArgumentsError(f"arguments are not valid JSON: {exc}") from None
-        if not isinstance(raw, dict):
-            raise ToolArgumentsError("arguments must be a JSON object")
+        raw = arguments_object(arguments)
         try:
             parsed = self.args_model.model_validate(raw)
         except pydantic.ValidationError as exc:
@@ -140,6 +135,17 @@ class Tool:
         if self.takes_ctx:
             return self.fn(ctx, **arguments)
         return self.fn(**arguments)
+
+
+def arguments_object(arguments: str) -> dict[str, Any]:
+    """The model's JSON arguments of a call, which must be an object (none: an empty one)."""
+    try:
+        raw = json.loads(arguments or "{}")
+    except json.JSONDecodeError as exc:
+        raise ToolArgumentsError(f"arguments are not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ToolArgumentsError("arguments must be a JSON object")
+    return raw
 
 
 _TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")

@@ -88,12 +88,7 @@ class Translator:
                 content = f"Not run: {decided['decision']}" + (f" ({reason})" if reason else "")
             else:
                 continue
-            call = decided["tool_call_id"]
-            out.append(
-                ToolCallResultEvent(
-                    message_id=f"{call}-result", tool_call_id=call, content=content, role="tool"
-                )
-            )
+            out.append(_result(decided["tool_call_id"], content))
         return "".join(sse(e) for e in out)
 
     def render(self, event: dict[str, Any], run_id: str) -> str:
@@ -175,9 +170,7 @@ class Translator:
             return []
         output = event.get("output")
         content = f"Error: {event['error']}" if event.get("error") else _text(output)
-        return [
-            ToolCallResultEvent(message_id=f"{call}-result", tool_call_id=call, content=content, role="tool")
-        ]
+        return [_result(call, content)]
 
     # --- the end of this AG-UI run ---------------------------------------------------------------
 
@@ -266,6 +259,11 @@ APPROVAL_SCHEMA: dict[str, Any] = {
     "required": ["approved"],
 }
 """What resuming an approval takes as its payload (``inputs.decisions``)."""
+
+
+def _result(call: str, content: str) -> ToolCallResultEvent:
+    """A call's result: a tool message of its own, whose id follows from the call's."""
+    return ToolCallResultEvent(message_id=f"{call}-result", tool_call_id=call, content=content, role="tool")
 
 
 def _call_id(event: dict[str, Any], run_id: str) -> str:

@@ -26,6 +26,7 @@ from ..core.storable import unstorable
 from ..models import Run, WaitPoint
 from ..policy import policy
 from ..streaming.buffer.factory import event_log
+from ..streaming.buffer.rules import MAX_SEQ
 from ..streaming.serializers import decision_json, waiting_event
 from ..web import views_stream
 from ..web.approvals import answer, decide
@@ -40,8 +41,6 @@ if TYPE_CHECKING:
 MAX_BODY_BYTES = 4 * 1024 * 1024
 """An AG-UI client sends the whole conversation with every request; only its last message is
 taken (and held to ``MAX_PAYLOAD_BYTES``), so the body may be longer than the JSON API's."""
-
-SEQ_CEILING = 10**12
 
 
 @api_view("POST")
@@ -128,7 +127,7 @@ def _resume(user: Any, agent: str, wanted: Resume) -> tuple[Run, Resumed]:
         plans.append(
             (wait, None if wait.kind == WaitPoint.Kind.INPUT else approval(decision), decision.payload)
         )
-    resumed = Resumed(after=event_log().window(run.pk, SEQ_CEILING).top)
+    resumed = Resumed(after=event_log().window(run.pk, MAX_SEQ).top)
     before = {w["approval_id"] for w in _open_waits(run.pk, user)}
     with transaction.atomic():
         for wait, approving, payload in plans:

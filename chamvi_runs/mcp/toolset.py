@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pydantic
 from django.core.exceptions import ImproperlyConfigured
 
-from ..agents.tools import Approval, ApprovalRule, Tool, check_tool_name, condition_of
+from ..agents.tools import Approval, ApprovalRule, Tool, arguments_object, check_tool_name, condition_of
 from ..agents.toolsets import Toolset, ToolsetUnavailable
 from ..errors import ToolArgumentsError
 
@@ -65,7 +65,7 @@ class MCPTool(Tool):
         return cls(self.input_schema, format_checker=cls.FORMAT_CHECKER)
 
     def validate(self, arguments: str) -> dict[str, Any]:
-        raw = _object(arguments)
+        raw = arguments_object(arguments)
         try:
             error = max(self._validator.iter_errors(raw), key=_depth, default=None)
         except Exception as exc:
@@ -82,18 +82,6 @@ class MCPTool(Tool):
     def invoke(self, ctx: Any, arguments: dict[str, Any]) -> Any:
         assert self.toolset is not None
         return self.toolset.call(self.remote_name, arguments, ctx.idempotency_key if self.effect else None)
-
-
-def _object(arguments: str) -> dict[str, Any]:
-    import json
-
-    try:
-        raw = json.loads(arguments or "{}")
-    except json.JSONDecodeError as exc:
-        raise ToolArgumentsError(f"arguments are not valid JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ToolArgumentsError("arguments must be a JSON object")
-    return raw
 
 
 def _depth(error: Any) -> int:
